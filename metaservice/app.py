@@ -1,0 +1,167 @@
+"""The FastAPI application: routers under /api/v1, JSON errors, limits, metrics."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from metaservice.barriers.endpoints import router as barriers_router
+from metaservice.clock import Clock, SystemClock
+from metaservice.context import Context
+from metaservice.db import Database
+from metaservice.delay.endpoints import router as delay_router
+from metaservice.deps import Services
+from metaservice.errors import ServiceError
+from metaservice.lifecycle.endpoints import router as lifecycle_router
+from metaservice.lineage.endpoints import router as lineage_router
+from metaservice.metrics import REQUESTS
+from metaservice.ops.endpoints import router as ops_router
+from metaservice.settings import Settings
+from metaservice.topology.endpoints import router as topology_router
+from metaservice.versions.endpoints import router as versions_router
+
+log = logging.getLogger("metaservice")
+API_PREFIX = "/api/v1"
+
+
+def create_app(settings: Settings | None = None, clock: Clock | None = None) -> FastAPI:
+    """Build the service. The database engine is made in the lifespan, not at import.
+
+    >>> app = create_app(Settings(db_url="sqlite:///ms.db"))
+    """
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        db = Database(settings.db_url)
+        app.state.services = Services(
+            ctx=Context(settings=settings, clock=clock or SystemClock()), db=db
+        )
+        log.info(
+            "MetaService ready on database %s", db.engine.url.render_as_string(hide_password=True)
+        )
+        try:
+            yield
+        finally:
+            db.dispose()
+
+    app = FastAPI(
+        title="MetaService",
+        version="0.1.0",
+        summary="Timestamp barriers, lineage and consistent versions for Spark streaming on Iceberg",
+        lifespan=lifespan,
+    )
+    for router in (
+        topology_router,
+        barriers_router,
+        versions_router,
+        lineage_router,
+        delay_router,
+        lifecycle_router,
+    ):
+        app.include_router(router, prefix=API_PREFIX)
+    app.include_router(ops_router)
+    _install_error_handlers(app)
+    app.middleware("http")(_observe)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)  # type: ignore[arg-type]
+    return app
+
+
+def _error(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
+    return JSONResponse({"code": code, "message": message, **extra}, status_code=status)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ServiceError)
+    async def service_error(_: Request, exc: ServiceError) -> JSONResponse:
+        return JSONResponse(exc.to_dict(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        field = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        if first.get("type") == "json_invalid":
+            return _error(
+                400,
+                "malformed_json",
+                "the request body is not valid JSON: " + str(first.get("msg")),
+                field=None,
+            )
+        details = [
+            {"field": ".".join(str(p) for p in e.get("loc", ())[1:]), "message": e.get("msg")}
+            for e in errors
+        ]
+        message = f"{field}: {first.get('msg')}" if field else str(first.get("msg"))
+        return _error(422, "invalid_request", message, field=field, errors=details)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return _error(exc.status_code, code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return _error(500, "internal", "internal error; the service log has the details")
+
+
+async def _observe(request: Request, call_next: Callable[[Request], Awaitable[Any]]) -> Any:
+    start = time.perf_counter()
+    response = await call_next(request)
+    route = request.scope.get("route")
+    REQUESTS.labels(
+        request.method, getattr(route, "path", "unmatched"), str(response.status_code)
+    ).observe(time.perf_counter() - start)
+    return response
+
+
+class BodyLimit:
+    """Refuses request bodies over ``max_bytes`` with 413, before they reach a handler."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers", [])).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._refuse(send)
+            return
+        received = 0
+
+        async def limited() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_bytes:
+                raise _TooLarge()
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except _TooLarge:
+            await self._refuse(send)
+
+    async def _refuse(self, send: Send) -> None:
+        response = _error(
+            413, "too_large", f"request body over the limit of {self.max_bytes} bytes", field="body"
+        )
+        await send({"type": "http.response.start", "status": 413, "headers": response.raw_headers})
+        await send({"type": "http.response.body", "body": response.body})
+
+
+class _TooLarge(Exception):
+    pass

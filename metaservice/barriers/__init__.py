@@ -1,0 +1,1 @@
+"""The barrier clock, batch barriers, aligned targets and commit reports."""

@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, Body, Depends, Path
+
+from metaservice.barriers import service
+from metaservice.barriers.schemas import (
+    MAX_SIGNED_64,
+    BatchBarrier,
+    CommitBatch,
+    CommitBatchResult,
+    CommitReport,
+    CommitResult,
+    NextBarrier,
+)
+from metaservice.deps import Services, services
+from metaservice.errors import TooLarge
+from metaservice.metrics import BARRIERS, COMMITS
+
+router = APIRouter(tags=["barriers"])
+
+
+@router.post("/jobs/{job}/batches/{batch_id}/barrier", response_model=BatchBarrier)
+def batch_barrier(
+    job: str,
+    batch_id: int = Path(ge=0, le=MAX_SIGNED_64),
+    s: Services = Depends(services),
+) -> BatchBarrier:
+    """The barrier of a Spark batch; asking again for the same batch gives the same answer.
+
+    Source jobs get the current slot of the barrier clock. Derived jobs get their
+    aligned target and, per input, the snapshot range (from, to] the batch reads.
+    """
+    result = s.db.write(lambda session: service.batch_barrier(session, s.ctx, job, batch_id))
+    BARRIERS.inc()
+    return result
+
+
+@router.get("/jobs/{job}/next-barrier", response_model=NextBarrier)
+def next_barrier(job: str, s: Services = Depends(services)) -> NextBarrier:
+    """The aligned target a derived job's barrier sources report as their latest offset."""
+    return s.db.write(lambda session: service.next_barrier(session, s.ctx, job))
+
+
+@router.post("/commits", response_model=CommitResult)
+def report_commit(report: CommitReport, s: Services = Depends(services)) -> CommitResult:
+    """Report that a job's batch committed a snapshot (idempotent; 409 on a conflicting report)."""
+    result = s.db.write(lambda session: service.report_commits(session, s.ctx, [report]))
+    COMMITS.labels(result=result.results[0].status).inc()
+    return result.results[0]
+
+
+@router.post("/commits/batch", response_model=CommitBatchResult)
+def report_commits(
+    body: CommitBatch = Body(description="Many reports; each is idempotent on its own"),
+    s: Services = Depends(services),
+) -> CommitBatchResult:
+    """Report many commits at once, all or nothing: one bad report refuses the request."""
+    most = s.ctx.settings.max_commits_per_request
+    if len(body.commits) > most:
+        raise TooLarge(
+            f"{len(body.commits)} reports in one request; at most {most}", field="commits"
+        )
+    result = s.db.write(
+        lambda session: service.report_commits(
+            session, s.ctx, body.commits, field_prefix="commits."
+        )
+    )
+    COMMITS.labels(result="recorded").inc(result.recorded)
+    COMMITS.labels(result="duplicate").inc(result.duplicates)
+    return result

@@ -1,0 +1,161 @@
+"""Every query about jobs' batches and the barrier-to-snapshot mapping."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from metaservice.models import SOURCE, Batch, ClockState, Commit, Job
+
+
+def lock_job(session: Session, job_id: int) -> Job:
+    """The job row, locked for the rest of the transaction (PostgreSQL; SQLite's
+    BEGIN IMMEDIATE already serialises writers)."""
+    return session.execute(
+        select(Job)
+        .where(Job.id == job_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    ).scalar_one()
+
+
+def clock(session: Session) -> ClockState:
+    return session.execute(select(ClockState).where(ClockState.id == 1)).scalar_one()
+
+
+def raise_last_issued(session: Session, barrier: int) -> None:
+    session.execute(
+        update(ClockState)
+        .where(ClockState.id == 1, ClockState.last_issued < barrier)
+        .values(last_issued=barrier)
+    )
+
+
+def get_batch(session: Session, job_id: int, batch_id: int) -> Batch | None:
+    return session.execute(
+        select(Batch).where(Batch.job_id == job_id, Batch.batch_id == batch_id)
+    ).scalar_one_or_none()
+
+
+def last_batch_id(session: Session, job_id: int) -> int | None:
+    return session.execute(select(func.max(Batch.batch_id)).where(Batch.job_id == job_id)).scalar()
+
+
+def open_batch(session: Session, job_id: int) -> Batch | None:
+    return session.execute(
+        select(Batch).where(Batch.job_id == job_id, Batch.committed.is_(False)).limit(1)
+    ).scalar_one_or_none()
+
+
+def oldest_open_barriers(session: Session, job_ids: Sequence[int]) -> dict[int, int]:
+    """For jobs with open batches: the barrier of the oldest one."""
+    if not job_ids:
+        return {}
+    rows = session.execute(
+        select(Batch.job_id, func.min(Batch.barrier))
+        .where(Batch.job_id.in_(job_ids), Batch.committed.is_(False))
+        .group_by(Batch.job_id)
+    ).tuples()
+    return dict(rows.all())
+
+
+def committed_barriers(session: Session, job_id: int, after: int, upto: int) -> list[int]:
+    """Barriers a derived job committed in (after, upto], ascending."""
+    return list(
+        session.execute(
+            select(Batch.barrier)
+            .where(
+                Batch.job_id == job_id,
+                Batch.committed.is_(True),
+                Batch.barrier > after,
+                Batch.barrier <= upto,
+            )
+            .distinct()
+            .order_by(Batch.barrier)
+        ).scalars()
+    )
+
+
+def latest_committed_at_or_before(
+    session: Session, job_ids: Sequence[int], barrier: int
+) -> dict[int, int]:
+    rows = session.execute(
+        select(Batch.job_id, func.max(Batch.barrier))
+        .where(Batch.job_id.in_(job_ids), Batch.committed.is_(True), Batch.barrier <= barrier)
+        .group_by(Batch.job_id)
+    ).tuples()
+    return dict(rows.all())
+
+
+def seal_candidates(session: Session, job_ids: Iterable[int], closed: int) -> list[int]:
+    """Idle source jobs whose frontier can move up to the last closed slot, locked in id order."""
+    ids = list(job_ids)
+    if not ids:
+        return []
+    return list(
+        session.execute(
+            select(Job.id)
+            .where(
+                Job.id.in_(ids),
+                Job.kind == SOURCE,
+                Job.open_batches == 0,
+                Job.frontier < closed,
+            )
+            .order_by(Job.id)
+            .with_for_update()
+        ).scalars()
+    )
+
+
+def seal(session: Session, job_ids: Sequence[int], closed: int) -> None:
+    session.execute(
+        update(Job)
+        .where(Job.id.in_(job_ids), Job.open_batches == 0, Job.frontier < closed)
+        .values(frontier=closed)
+        .execution_options(synchronize_session="fetch")
+    )
+
+
+def get_commit(session: Session, job_id: int, batch_id: int, table_id: int) -> Commit | None:
+    return session.execute(
+        select(Commit).where(
+            Commit.job_id == job_id, Commit.batch_id == batch_id, Commit.table_id == table_id
+        )
+    ).scalar_one_or_none()
+
+
+def commit_with_snapshot(session: Session, table_id: int, snapshot_id: int) -> Commit | None:
+    return session.execute(
+        select(Commit).where(Commit.table_id == table_id, Commit.snapshot_id == snapshot_id)
+    ).scalar_one_or_none()
+
+
+def count_batch_commits(session: Session, job_id: int, batch_id: int) -> int:
+    return session.execute(
+        select(func.count()).where(Commit.job_id == job_id, Commit.batch_id == batch_id)
+    ).scalar_one()
+
+
+def snapshot_at(session: Session, table_id: int, barrier: int) -> int | None:
+    """The latest snapshot of the table whose barrier is <= ``barrier``."""
+    return session.execute(
+        select(Commit.snapshot_id)
+        .where(
+            Commit.table_id == table_id,
+            Commit.snapshot_id.is_not(None),
+            Commit.barrier <= barrier,
+        )
+        .order_by(Commit.barrier.desc(), Commit.batch_id.desc())
+        .limit(1)
+    ).scalar_one_or_none()
+
+
+def latest_commit(session: Session, table_id: int) -> Commit | None:
+    return session.execute(
+        select(Commit)
+        .where(Commit.table_id == table_id, Commit.snapshot_id.is_not(None))
+        .order_by(Commit.barrier.desc(), Commit.batch_id.desc())
+        .limit(1)
+    ).scalar_one_or_none()

@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_SIGNED_64 = 2**63 - 1
+
+
+class InputRange(BaseModel):
+    """What one batch of a derived job reads from one input: snapshots in (from, to]."""
+
+    table: str
+    from_barrier: int
+    to_barrier: int
+    from_snapshot: int | None = Field(description="Exclusive start; None reads from the beginning")
+    to_snapshot: int | None = Field(description="Inclusive end; None when the input is empty")
+
+
+class BatchBarrier(BaseModel):
+    job: str
+    batch_id: int
+    barrier: int
+    start_barrier: int | None = Field(
+        description="Derived jobs: the batch reads input snapshots with barriers after this one"
+    )
+    committed: bool
+    inputs: list[InputRange] = Field(default_factory=list)
+
+
+class NextBarrier(BaseModel):
+    job: str
+    barrier: int = Field(description="The offset the job's barrier sources report as latest")
+    start_barrier: int = Field(description="The barrier the job has committed up to")
+    ready: bool = Field(description="True when there is a new batch to run up to `barrier`")
+
+
+class CommitReport(BaseModel):
+    """A commit of one job's batch to one table. ``snapshot_id`` is null for an empty batch."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job: str = Field(min_length=1, max_length=200)
+    batch_id: int = Field(ge=0, le=MAX_SIGNED_64)
+    barrier: int = Field(ge=0, le=MAX_SIGNED_64)
+    table: str = Field(min_length=1, max_length=400)
+    snapshot_id: int | None = Field(None, ge=-(2**63), le=MAX_SIGNED_64)
+
+
+class CommitBatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    commits: list[CommitReport] = Field(min_length=1)
+
+
+class CommitResult(BaseModel):
+    job: str
+    batch_id: int
+    table: str
+    barrier: int
+    snapshot_id: int | None
+    status: str = Field(description="'recorded', or 'duplicate' for a report already recorded")
+    batch_committed: bool = Field(description="True once every output of the batch is reported")
+
+
+class CommitBatchResult(BaseModel):
+    results: list[CommitResult]
+    recorded: int
+    duplicates: int

@@ -1,0 +1,123 @@
+"""Engines and units of work.
+
+Every request runs in one transaction: ``Database.write`` for requests that
+change something, ``Database.read`` for queries. Services and repositories only
+``flush()``; the unit of work commits, or rolls back on any error, and retries
+the whole function when the database reports a lock conflict or deadlock
+(SQLite's ``database is locked``, PostgreSQL's deadlock/serialization errors).
+
+SQLite: write transactions start with ``BEGIN IMMEDIATE`` so that two writers
+never both hold a read snapshot and then fight over the upgrade to a write
+lock; reads use WAL mode and never block writers.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+log = logging.getLogger("metaservice.db")
+
+T = TypeVar("T")
+
+# PostgreSQL SQLSTATEs worth retrying: serialization failure, deadlock, unique violation
+# under a concurrent insert (a rerun then finds the row and answers idempotently).
+_RETRY_SQLSTATES = {"40001", "40P01", "23505"}
+_MAX_ATTEMPTS = 8
+
+
+def normalise_url(url: str) -> str:
+    """Accept ``postgresql://`` and ``postgres://`` as psycopg 3 URLs."""
+    for prefix in ("postgres://", "postgresql://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def is_sqlite(url: str) -> bool:
+    return make_url(normalise_url(url)).get_backend_name() == "sqlite"
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    url = normalise_url(url)
+    if is_sqlite(url):
+        engine = create_engine(
+            url, connect_args={"check_same_thread": False, "timeout": 30}, **kwargs
+        )
+        _configure_sqlite(engine)
+        return engine
+    kwargs.setdefault("pool_size", 20)
+    kwargs.setdefault("max_overflow", 20)
+    kwargs.setdefault("pool_pre_ping", True)
+    return create_engine(url, **kwargs)
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Take transaction control from the driver so BEGIN can be IMMEDIATE.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA busy_timeout=30000")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        immediate = conn.get_execution_options().get("sqlite_immediate", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+def _retryable(exc: BaseException) -> bool:
+    if isinstance(exc, OperationalError) and "database is locked" in str(exc):
+        return True
+    if isinstance(exc, DBAPIError):
+        sqlstate = getattr(exc.orig, "sqlstate", None)
+        return sqlstate in _RETRY_SQLSTATES
+    return False
+
+
+class Database:
+    """Owns the engine; hands out read and write units of work."""
+
+    def __init__(self, url: str, **engine_kwargs: Any) -> None:
+        self.url = normalise_url(url)
+        self.engine = make_engine(self.url, **engine_kwargs)
+        self.sqlite = is_sqlite(self.url)
+        write_bind = (
+            self.engine.execution_options(sqlite_immediate=True) if self.sqlite else self.engine
+        )
+        self._read = sessionmaker(bind=self.engine, expire_on_commit=False)
+        self._write = sessionmaker(bind=write_bind, expire_on_commit=False)
+
+    def write(self, fn: Callable[[Session], T]) -> T:
+        """Run ``fn`` in a write transaction, retried on lock conflicts."""
+        return self._run(self._write, fn)
+
+    def read(self, fn: Callable[[Session], T]) -> T:
+        return self._run(self._read, fn)
+
+    def _run(self, maker: sessionmaker[Session], fn: Callable[[Session], T]) -> T:
+        for attempt in range(1, _MAX_ATTEMPTS + 1):
+            try:
+                with maker.begin() as session:
+                    return fn(session)
+            except DBAPIError as exc:
+                if attempt == _MAX_ATTEMPTS or not _retryable(exc):
+                    raise
+                log.debug("retrying transaction after %s (attempt %d)", exc.orig, attempt)
+                time.sleep(min(0.2, 0.005 * 2**attempt) * random.random())
+        raise AssertionError("unreachable")
+
+    def dispose(self) -> None:
+        self.engine.dispose()

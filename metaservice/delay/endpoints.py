@@ -1,0 +1,17 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Query
+
+from metaservice.delay import service
+from metaservice.delay.schemas import Delay
+from metaservice.deps import Services, services
+
+router = APIRouter(tags=["delay"])
+
+
+@router.get("/delay", response_model=Delay)
+def delay(
+    table: str = Query(description="Table identifier"), s: Services = Depends(services)
+) -> Delay:
+    """How stale a table is, each upstream job's share, and the critical path."""
+    return s.db.read(lambda session: service.delay(session, s.ctx, table))

@@ -1,0 +1,79 @@
+"""delay(t) = now - frontier(t); per job, frontier(slowest input) - frontier(output)."""
+
+from __future__ import annotations
+
+import networkx as nx
+from sqlalchemy.orm import Session
+
+from metaservice.barriers import frontiers as fr
+from metaservice.context import Context
+from metaservice.delay.schemas import Delay, JobLag
+from metaservice.errors import Conflict
+from metaservice.models import Job
+from metaservice.names import check_table_name
+from metaservice.topology import repository as topo
+from metaservice.topology.graph import table_node
+
+
+def delay(session: Session, ctx: Context, table: str) -> Delay:
+    check_table_name(table)
+    target = topo.require_table(session, table)
+    if target.writer_id is None:
+        raise Conflict(
+            f"table '{table}' has no writing job, so it has no frontier",
+            field="table",
+            code="no_writer",
+        )
+    graph = ctx.graph.get(session)
+    upstream_tables = [
+        graph.nodes[n]["name"]
+        for n in nx.ancestors(graph, table_node(table)) | {table_node(table)}
+        if graph.nodes[n]["kind"] == "table"
+    ]
+    tables = topo.tables_by_names(session, upstream_tables)
+    jobs = topo.jobs_by_ids(session, sorted({t.writer_id for t in tables.values() if t.writer_id}))
+    fronts = fr.frontiers(session, ctx, list(jobs.values()), sealed_only=False)
+    now = ctx.now_ms()
+
+    def table_frontier(name: str) -> int | None:
+        writer = tables[name].writer_id
+        return fronts[writer] if writer is not None else None
+
+    lags = {}
+    for job in jobs.values():
+        lags[job.id] = _job_lag(session, job, now, table_frontier, fronts[job.id])
+    path = []
+    current = target
+    while current.writer_id is not None:
+        lag = lags[current.writer_id]
+        path.append(lag)
+        if lag.slowest_input is None or tables[lag.slowest_input].writer_id is None:
+            break
+        current = tables[lag.slowest_input]
+    frontier = fronts[target.writer_id]
+    return Delay(
+        table=table,
+        now_ms=now,
+        frontier=frontier,
+        delay_ms=now - frontier,
+        critical_path=path,
+        jobs=sorted(lags.values(), key=lambda lag: (-lag.contribution_ms, lag.job)),
+    )
+
+
+def _job_lag(session: Session, job: Job, now: int, table_frontier, output_frontier: int) -> JobLag:  # type: ignore[no-untyped-def]
+    outputs = topo.output_tables(session, job.id)
+    inputs = [t.name for t in topo.input_tables(session, job.id)]
+    known = [(table_frontier(name), name) for name in inputs if table_frontier(name) is not None]
+    if known:
+        input_frontier, slowest = min(known)
+    else:
+        input_frontier, slowest = now, None
+    return JobLag(
+        job=job.name,
+        output=outputs[0].name if outputs else "",
+        slowest_input=slowest,
+        input_frontier=input_frontier,
+        output_frontier=output_frontier,
+        contribution_ms=input_frontier - output_frontier,
+    )

@@ -1,0 +1,1 @@
+"""Which snapshots may be expired, and why the others are kept."""

@@ -1,0 +1,15 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+
+from metaservice.deps import Services, services
+from metaservice.lifecycle import service
+from metaservice.lifecycle.schemas import ExpiryPlan
+
+router = APIRouter(tags=["lifecycle"])
+
+
+@router.get("/tables/{table}/expirable", response_model=ExpiryPlan)
+def expirable(table: str, s: Services = Depends(services)) -> ExpiryPlan:
+    """The expiry plan: snapshots that may be expired, and why each other one is kept."""
+    return s.db.read(lambda session: service.expiry_plan(session, s.ctx, table))

@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Query
+
+from metaservice.deps import Services, services
+from metaservice.lineage import service
+from metaservice.lineage.schemas import LineageGraph, SnapshotLineage
+
+router = APIRouter(tags=["lineage"])
+
+
+@router.get("/lineage", response_model=LineageGraph)
+def lineage(
+    table: str = Query(description="Table identifier"),
+    direction: str = Query("both", pattern="^(upstream|downstream|both)$"),
+    depth: int | None = Query(None, ge=0, description="How many jobs away; all when omitted"),
+    s: Services = Depends(services),
+) -> LineageGraph:
+    """The jobs and tables up- and/or downstream of a table."""
+    return s.db.read(lambda session: service.table_lineage(session, s.ctx, table, direction, depth))
+
+
+@router.get("/lineage/snapshots/{table}/{snapshot_id}", response_model=SnapshotLineage)
+def snapshot_lineage(
+    table: str, snapshot_id: int, s: Services = Depends(services)
+) -> SnapshotLineage:
+    """Which job, batch and barrier made a snapshot, and which input snapshots it consumed."""
+    return s.db.read(lambda session: service.snapshot_lineage(session, table, snapshot_id))

@@ -1,0 +1,20 @@
+"""ORM models. Importing this package registers every table on ``Base.metadata``."""
+
+from metaservice.models.barriers import Batch, ClockState, Commit
+from metaservice.models.base import Base
+from metaservice.models.leases import Lease, LeaseSnapshot
+from metaservice.models.topology import DERIVED, SOURCE, Job, JobInput, Table
+
+__all__ = [
+    "DERIVED",
+    "SOURCE",
+    "Base",
+    "Batch",
+    "ClockState",
+    "Commit",
+    "Job",
+    "JobInput",
+    "Lease",
+    "LeaseSnapshot",
+    "Table",
+]

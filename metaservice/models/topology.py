@@ -1,0 +1,61 @@
+"""Jobs, tables and which job reads which table: the ETL topology."""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger, ForeignKey, Integer, String, Text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from metaservice.models.base import Base
+
+SOURCE = "source"
+DERIVED = "derived"
+
+
+class Job(Base):
+    """A Spark streaming query and its progress through the barriers.
+
+    ``frontier`` means, for a derived job, the last barrier it committed (or 0);
+    for a source job, the slot up to which it is sealed: no batch will ever get a
+    barrier at or below it. ``open_batches`` counts a source job's batches that
+    have a barrier but are not fully committed; the job row is the lock that
+    serialises every change to these fields.
+    """
+
+    __tablename__ = "jobs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    kind: Mapped[str] = mapped_column(String(16))
+    frontier: Mapped[int] = mapped_column(BigInteger, default=0)
+    open_batches: Mapped[int] = mapped_column(Integer, default=0)
+    pending_target: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    last_barrier: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    last_batch_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    status: Mapped[str] = mapped_column(String(16), default="registered")
+    last_event: Mapped[str | None] = mapped_column(Text, nullable=True)
+    last_seen_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    created_ms: Mapped[int] = mapped_column(BigInteger)
+    updated_ms: Mapped[int] = mapped_column(BigInteger)
+
+
+class Table(Base):
+    """An Iceberg table by its catalog identifier; at most one job writes it."""
+
+    __tablename__ = "tables"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(400), unique=True)
+    writer_id: Mapped[int | None] = mapped_column(
+        ForeignKey("jobs.id", ondelete="SET NULL"), nullable=True, index=True
+    )
+    created_ms: Mapped[int] = mapped_column(BigInteger)
+
+
+class JobInput(Base):
+    __tablename__ = "job_inputs"
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    table_id: Mapped[int] = mapped_column(
+        ForeignKey("tables.id", ondelete="CASCADE"), primary_key=True, index=True
+    )

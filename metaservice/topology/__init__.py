@@ -1,0 +1,1 @@
+"""Jobs, tables and the ETL topology (a DAG)."""

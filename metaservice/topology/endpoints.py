@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Path, Query, Response
+
+from metaservice.deps import Paging, Services, paging, services
+from metaservice.names import JOB_PATTERN
+from metaservice.schemas_common import Page
+from metaservice.topology import service
+from metaservice.topology.schemas import JobEvent, JobSpec, JobView, SnapshotView, TableView
+
+router = APIRouter(tags=["topology"])
+JobName = Path(description="Job name", pattern=JOB_PATTERN)
+
+
+@router.put(
+    "/jobs/{job}", response_model=JobView, status_code=200, responses={201: {"model": JobView}}
+)
+def put_job(
+    spec: JobSpec, response: Response, job: str = JobName, s: Services = Depends(services)
+) -> JobView:
+    """Register or update a job. Refuses a cycle or a second writer for a table (409)."""
+    view, created = s.db.write(lambda session: service.put_job(session, s.ctx, job, spec))
+    if created:
+        response.status_code = 201
+    return view
+
+
+@router.get("/jobs", response_model=Page[JobView])
+def list_jobs(page: Paging = Depends(paging), s: Services = Depends(services)) -> Page[JobView]:
+    return s.db.read(lambda session: service.list_jobs(session, s.ctx, page.limit, page.offset))
+
+
+@router.get("/jobs/{job}", response_model=JobView)
+def get_job(job: str, s: Services = Depends(services)) -> JobView:
+    return s.db.read(lambda session: service.get_job(session, s.ctx, job))
+
+
+@router.post("/jobs/{job}/events", response_model=JobView)
+def job_event(job: str, event: JobEvent, s: Services = Depends(services)) -> JobView:
+    """Liveness and progress of a job's streaming query (sent by the Spark listener)."""
+    return s.db.write(lambda session: service.record_event(session, s.ctx, job, event))
+
+
+@router.get("/tables", response_model=Page[TableView])
+def list_tables(page: Paging = Depends(paging), s: Services = Depends(services)) -> Page[TableView]:
+    return s.db.read(lambda session: service.list_tables(session, s.ctx, page.limit, page.offset))
+
+
+@router.get("/tables/{table}", response_model=TableView)
+def get_table(table: str, s: Services = Depends(services)) -> TableView:
+    return s.db.read(lambda session: service.get_table(session, s.ctx, table))
+
+
+@router.get("/tables/{table}/snapshots", response_model=Page[SnapshotView])
+def table_snapshots(
+    table: str,
+    from_barrier: int | None = Query(None, ge=0, description="Only barriers >= this"),
+    to_barrier: int | None = Query(None, ge=0, description="Only barriers <= this"),
+    page: Paging = Depends(paging),
+    s: Services = Depends(services),
+) -> Page[SnapshotView]:
+    """The barrier-to-snapshot mapping of a table, oldest first."""
+    return s.db.read(
+        lambda session: service.table_snapshots(
+            session, table, from_barrier, to_barrier, page.limit, page.offset
+        )
+    )

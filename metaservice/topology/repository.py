@@ -1,0 +1,133 @@
+"""Every query about jobs, tables and their edges."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from metaservice.errors import NotFound
+from metaservice.models import ClockState, Job, JobInput, Table
+
+
+def job_by_name(session: Session, name: str) -> Job | None:
+    return session.execute(select(Job).where(Job.name == name)).scalar_one_or_none()
+
+
+def require_job(session: Session, name: str, field: str = "job") -> Job:
+    job = job_by_name(session, name)
+    if job is None:
+        raise NotFound(
+            f"job '{name}' is not registered; register it with PUT /api/v1/jobs/{name}",
+            field=field,
+        )
+    return job
+
+
+def table_by_name(session: Session, name: str) -> Table | None:
+    return session.execute(select(Table).where(Table.name == name)).scalar_one_or_none()
+
+
+def require_table(session: Session, name: str, field: str = "table") -> Table:
+    table = table_by_name(session, name)
+    if table is None:
+        raise NotFound(
+            f"table '{name}' is unknown: no registered job reads or writes it", field=field
+        )
+    return table
+
+
+def tables_by_names(session: Session, names: Sequence[str]) -> dict[str, Table]:
+    if not names:
+        return {}
+    rows = session.execute(select(Table).where(Table.name.in_(names))).scalars()
+    return {t.name: t for t in rows}
+
+
+def jobs_by_ids(session: Session, ids: Sequence[int]) -> dict[int, Job]:
+    if not ids:
+        return {}
+    return {j.id: j for j in session.execute(select(Job).where(Job.id.in_(ids))).scalars()}
+
+
+def input_tables(session: Session, job_id: int) -> list[Table]:
+    return list(
+        session.execute(
+            select(Table)
+            .join(JobInput, JobInput.table_id == Table.id)
+            .where(JobInput.job_id == job_id)
+            .order_by(Table.name)
+        ).scalars()
+    )
+
+
+def output_tables(session: Session, job_id: int) -> list[Table]:
+    return list(
+        session.execute(
+            select(Table).where(Table.writer_id == job_id).order_by(Table.name)
+        ).scalars()
+    )
+
+
+def count_outputs(session: Session, job_id: int) -> int:
+    return session.execute(
+        select(func.count()).select_from(Table).where(Table.writer_id == job_id)
+    ).scalar_one()
+
+
+def edges_of_jobs(
+    session: Session, job_ids: Sequence[int]
+) -> tuple[dict[int, list[str]], dict[int, list[str]]]:
+    """Inputs and outputs (table names) of each job."""
+    inputs: dict[int, list[str]] = defaultdict(list)
+    outputs: dict[int, list[str]] = defaultdict(list)
+    if job_ids:
+        for job_id, name in session.execute(
+            select(JobInput.job_id, Table.name)
+            .join(Table, Table.id == JobInput.table_id)
+            .where(JobInput.job_id.in_(job_ids))
+            .order_by(Table.name)
+        ).tuples():
+            inputs[job_id].append(name)
+        for job_id, name in session.execute(
+            select(Table.writer_id, Table.name)
+            .where(Table.writer_id.in_(job_ids))
+            .order_by(Table.name)
+        ).tuples():
+            if job_id is not None:
+                outputs[job_id].append(name)
+    return inputs, outputs
+
+
+def readers_of_tables(session: Session, table_ids: Sequence[int]) -> dict[int, list[str]]:
+    readers: dict[int, list[str]] = defaultdict(list)
+    if table_ids:
+        for table_id, name in session.execute(
+            select(JobInput.table_id, Job.name)
+            .join(Job, Job.id == JobInput.job_id)
+            .where(JobInput.table_id.in_(table_ids))
+            .order_by(Job.name)
+        ).tuples():
+            readers[table_id].append(name)
+    return readers
+
+
+def reader_jobs(session: Session, table_id: int) -> list[Job]:
+    return list(
+        session.execute(
+            select(Job)
+            .join(JobInput, JobInput.job_id == Job.id)
+            .where(JobInput.table_id == table_id)
+        ).scalars()
+    )
+
+
+def bump_topology_version(session: Session) -> None:
+    """Takes the clock row's lock too, which serialises topology changes."""
+    session.execute(
+        update(ClockState)
+        .where(ClockState.id == 1)
+        .values(topology_version=ClockState.topology_version + 1)
+    )

@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class JobSpec(BaseModel):
+    """The body of ``PUT /jobs/{job}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    inputs: list[str] = Field(default_factory=list, max_length=1000, examples=[["ods.orders"]])
+    outputs: list[str] = Field(min_length=1, max_length=1000, examples=[["dwd.order_detail"]])
+    description: str = Field("", max_length=10_000)
+
+
+class JobView(BaseModel):
+    name: str
+    description: str
+    kind: str = Field(description="'source' (no table inputs) or 'derived'")
+    inputs: list[str]
+    outputs: list[str]
+    status: str
+    frontier: int = Field(description="Barrier up to which the job's outputs are complete")
+    last_barrier: int | None
+    last_batch_id: int | None
+    pending_target: int | None = Field(
+        description="Derived jobs: the barrier the current batch is aligned to"
+    )
+    last_seen_ms: int | None
+
+
+class TableView(BaseModel):
+    name: str
+    writer: str | None
+    readers: list[str]
+    frontier: int | None = Field(description="None while no job writes the table")
+    latest_snapshot: int | None
+    latest_barrier: int | None
+    delay_ms: int | None
+
+
+class SnapshotView(BaseModel):
+    snapshot_id: int | None = Field(description="None for a batch that wrote no rows")
+    barrier: int
+    job: str
+    batch_id: int
+    reported_ms: int
+
+
+class JobEvent(BaseModel):
+    """Liveness and progress reported by the Spark listener."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    event: str = Field(pattern="^(started|progress|terminated|failed)$")
+    run_id: str | None = Field(None, max_length=100)
+    batch_id: int | None = Field(None, ge=0)
+    num_input_rows: int | None = Field(None, ge=0)
+    duration_ms: int | None = Field(None, ge=0)
+    message: str | None = Field(None, max_length=10_000)

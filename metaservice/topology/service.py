@@ -1,0 +1,258 @@
+"""Registering jobs (the topology stays a DAG with one writer per table) and viewing them."""
+
+from __future__ import annotations
+
+import json
+
+import networkx as nx
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session
+
+from metaservice.barriers import frontiers as fr
+from metaservice.barriers import repository as barrier_repo
+from metaservice.context import Context
+from metaservice.errors import Conflict, Invalid
+from metaservice.models import DERIVED, SOURCE, Commit, Job, JobInput, Table
+from metaservice.names import check_job_name, check_table_name
+from metaservice.schemas_common import Page
+from metaservice.topology import repository as repo
+from metaservice.topology.graph import job_node, table_node, topology_version
+from metaservice.topology.schemas import JobEvent, JobSpec, JobView, SnapshotView, TableView
+
+
+def put_job(session: Session, ctx: Context, name: str, spec: JobSpec) -> tuple[JobView, bool]:
+    """Register or update a job. Returns the job and whether it was created."""
+    check_job_name(name)
+    inputs = _unique_tables(spec.inputs, "inputs")
+    outputs = _unique_tables(spec.outputs, "outputs")
+    both = sorted(set(inputs) & set(outputs))
+    if both:
+        raise Conflict(
+            f"job '{name}' would read and write {both[0]}: a job may not feed itself",
+            field="inputs",
+            code="cycle",
+        )
+    existing = repo.job_by_name(session, name)
+    if existing is not None:
+        barrier_repo.lock_job(session, existing.id)
+    repo.bump_topology_version(session)  # serialises topology changes from here on
+    _check_writers(session, name, outputs)
+    _check_acyclic(session, ctx, name, inputs, outputs)
+    job = existing or _create_job(session, ctx, name)
+    job.description = spec.description
+    new_kind = DERIVED if inputs else SOURCE
+    if job.kind != new_kind:
+        job.kind = new_kind
+        job.pending_target = None
+    job.updated_ms = ctx.now_ms()
+    _set_edges(session, ctx, job, inputs, outputs)
+    session.flush()
+    return job_view(session, ctx, job), existing is None
+
+
+def _unique_tables(names: list[str], field: str) -> list[str]:
+    for i, name in enumerate(names):
+        check_table_name(name, field=f"{field}.{i}")
+    if len(set(names)) != len(names):
+        raise Invalid(f"{field} lists a table twice", field=field)
+    return names
+
+
+def _check_writers(session: Session, job_name: str, outputs: list[str]) -> None:
+    for table in repo.tables_by_names(session, outputs).values():
+        if table.writer_id is None:
+            continue
+        writer = session.get(Job, table.writer_id)
+        if writer is not None and writer.name != job_name:
+            raise Conflict(
+                f"table '{table.name}' is already written by job '{writer.name}'; "
+                "a table has exactly one writer",
+                field="outputs",
+                code="second_writer",
+            )
+
+
+def _check_acyclic(
+    session: Session, ctx: Context, job_name: str, inputs: list[str], outputs: list[str]
+) -> None:
+    """A cycle would appear iff an input is reachable from an output without this job."""
+    # Called after this transaction bumped the version and before it changed any
+    # edge, so the session sees exactly the graph of the previous version.
+    graph = ctx.graph.get(session, version=topology_version(session) - 1)
+    view = nx.restricted_view(graph, [job_node(job_name)], [])
+    wanted = {table_node(t) for t in inputs}
+    for out in outputs:
+        node = table_node(out)
+        if node not in view:
+            continue
+        reached = wanted & (nx.descendants(view, node) | {node})
+        if reached:
+            first = sorted(reached)[0].removeprefix("table:")
+            raise Conflict(
+                f"job '{job_name}' would close a cycle: '{first}' is downstream of its "
+                f"output '{out}'",
+                field="inputs",
+                code="cycle",
+            )
+
+
+def _create_job(session: Session, ctx: Context, name: str) -> Job:
+    now = ctx.now_ms()
+    job = Job(
+        name=name,
+        description="",
+        kind=SOURCE,
+        frontier=0,
+        open_batches=0,
+        status="registered",
+        created_ms=now,
+        updated_ms=now,
+    )
+    session.add(job)
+    session.flush()
+    return job
+
+
+def _ensure_tables(session: Session, ctx: Context, names: list[str]) -> dict[str, Table]:
+    tables = repo.tables_by_names(session, names)
+    for name in names:
+        if name not in tables:
+            tables[name] = Table(name=name, created_ms=ctx.now_ms())
+            session.add(tables[name])
+    session.flush()
+    return tables
+
+
+def _set_edges(
+    session: Session, ctx: Context, job: Job, inputs: list[str], outputs: list[str]
+) -> None:
+    tables = _ensure_tables(session, ctx, inputs + outputs)
+    session.execute(delete(JobInput).where(JobInput.job_id == job.id))
+    for name in inputs:
+        session.add(JobInput(job_id=job.id, table_id=tables[name].id))
+    for table in repo.output_tables(session, job.id):
+        if table.name not in outputs:
+            table.writer_id = None
+    for name in outputs:
+        tables[name].writer_id = job.id
+
+
+def job_view(session: Session, ctx: Context, job: Job) -> JobView:
+    return job_views(session, ctx, [job])[0]
+
+
+def job_views(session: Session, ctx: Context, jobs: list[Job]) -> list[JobView]:
+    ids = [j.id for j in jobs]
+    inputs, outputs = repo.edges_of_jobs(session, ids)
+    fronts = fr.frontiers(session, ctx, jobs, sealed_only=False)
+    return [
+        JobView(
+            name=j.name,
+            description=j.description,
+            kind=j.kind,
+            inputs=inputs.get(j.id, []),
+            outputs=outputs.get(j.id, []),
+            status=j.status,
+            frontier=fronts[j.id],
+            last_barrier=j.last_barrier,
+            last_batch_id=j.last_batch_id,
+            pending_target=j.pending_target,
+            last_seen_ms=j.last_seen_ms,
+        )
+        for j in jobs
+    ]
+
+
+def list_jobs(session: Session, ctx: Context, limit: int, offset: int) -> Page[JobView]:
+    total = session.execute(select(func.count()).select_from(Job)).scalar_one()
+    jobs = list(
+        session.execute(select(Job).order_by(Job.name).limit(limit).offset(offset)).scalars()
+    )
+    return Page(items=job_views(session, ctx, jobs), total=total, limit=limit, offset=offset)
+
+
+def get_job(session: Session, ctx: Context, name: str) -> JobView:
+    return job_view(session, ctx, repo.require_job(session, name))
+
+
+def table_views(session: Session, ctx: Context, tables: list[Table]) -> list[TableView]:
+    writers = repo.jobs_by_ids(session, [t.writer_id for t in tables if t.writer_id is not None])
+    fronts = fr.frontiers(session, ctx, list(writers.values()), sealed_only=False)
+    readers = repo.readers_of_tables(session, [t.id for t in tables])
+    now = ctx.now_ms()
+    views = []
+    for t in tables:
+        latest = barrier_repo.latest_commit(session, t.id)
+        frontier = fronts.get(t.writer_id) if t.writer_id is not None else None
+        views.append(
+            TableView(
+                name=t.name,
+                writer=writers[t.writer_id].name if t.writer_id in writers else None,
+                readers=readers.get(t.id, []),
+                frontier=frontier,
+                latest_snapshot=latest.snapshot_id if latest else None,
+                latest_barrier=latest.barrier if latest else None,
+                delay_ms=now - frontier if frontier is not None else None,
+            )
+        )
+    return views
+
+
+def list_tables(session: Session, ctx: Context, limit: int, offset: int) -> Page[TableView]:
+    total = session.execute(select(func.count()).select_from(Table)).scalar_one()
+    tables = list(
+        session.execute(select(Table).order_by(Table.name).limit(limit).offset(offset)).scalars()
+    )
+    return Page(items=table_views(session, ctx, tables), total=total, limit=limit, offset=offset)
+
+
+def get_table(session: Session, ctx: Context, name: str) -> TableView:
+    return table_views(session, ctx, [repo.require_table(session, name)])[0]
+
+
+def table_snapshots(
+    session: Session,
+    name: str,
+    from_barrier: int | None,
+    to_barrier: int | None,
+    limit: int,
+    offset: int,
+) -> Page[SnapshotView]:
+    table = repo.require_table(session, name)
+    if from_barrier is not None and to_barrier is not None and from_barrier > to_barrier:
+        raise Invalid("from_barrier is after to_barrier", field="from_barrier")
+    conditions = [Commit.table_id == table.id]
+    if from_barrier is not None:
+        conditions.append(Commit.barrier >= from_barrier)
+    if to_barrier is not None:
+        conditions.append(Commit.barrier <= to_barrier)
+    total = session.execute(select(func.count()).where(*conditions)).scalar_one()
+    rows = session.execute(
+        select(Commit, Job.name)
+        .join(Job, Job.id == Commit.job_id)
+        .where(*conditions)
+        .order_by(Commit.barrier, Commit.batch_id)
+        .limit(limit)
+        .offset(offset)
+    ).tuples()
+    items = [
+        SnapshotView(
+            snapshot_id=c.snapshot_id,
+            barrier=c.barrier,
+            job=job_name,
+            batch_id=c.batch_id,
+            reported_ms=c.created_ms,
+        )
+        for c, job_name in rows
+    ]
+    return Page(items=items, total=total, limit=limit, offset=offset)
+
+
+def record_event(session: Session, ctx: Context, name: str, event: JobEvent) -> JobView:
+    """Liveness from the Spark listener: status, last progress, last seen."""
+    job = repo.require_job(session, name)
+    job.status = {"started": "running", "progress": "running"}.get(event.event, event.event)
+    job.last_event = json.dumps(event.model_dump(exclude_none=True))
+    job.last_seen_ms = ctx.now_ms()
+    session.flush()
+    return job_view(session, ctx, job)

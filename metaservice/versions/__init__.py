@@ -1,0 +1,1 @@
+"""Consistent versions of table sets, and leases that pin them."""

@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Query, Response
+
+from metaservice.deps import Services, services
+from metaservice.versions import service
+from metaservice.versions.schemas import ConsistentVersion, LeaseRequest
+
+router = APIRouter(tags=["versions"])
+
+
+def consistent(
+    s: Services, tables: list[str], at_or_before: int | None, lease_seconds: int | None
+) -> ConsistentVersion:
+    names = service.parse_tables(s.ctx, tables)
+    if lease_seconds is not None:
+
+        def with_lease(session):  # type: ignore[no-untyped-def]
+            service.seal_writers(session, s.ctx, names)
+            version = service.consistent_version(session, s.ctx, names, at_or_before)
+            return service.create_lease(session, s.ctx, version, lease_seconds)
+
+        return s.db.write(with_lease)
+    # Sealing is a write; take it only when a source writer can move, then read.
+    if s.db.read(lambda session: service.needs_seal(session, s.ctx, names)):
+        s.db.write(lambda session: service.seal_writers(session, s.ctx, names))
+    return s.db.read(
+        lambda session: service.consistent_version(session, s.ctx, names, at_or_before)
+    )
+
+
+@router.get(
+    "/versions/consistent", response_model=ConsistentVersion, response_model_exclude_none=True
+)
+def consistent_version(
+    tables: str = Query(
+        description="Comma-separated table identifiers",
+        examples=["dwd.order_detail,dws.item_revenue"],
+    ),
+    at_or_before: int | None = Query(
+        None, ge=0, description="Latest version at or before this barrier"
+    ),
+    lease_seconds: int | None = Query(
+        None, ge=1, description="Also pin the snapshots for this long"
+    ),
+    s: Services = Depends(services),
+) -> ConsistentVersion:
+    """The snapshots of several tables that belong together (409 while none exists)."""
+    return consistent(s, tables.split(","), at_or_before, lease_seconds)
+
+
+@router.post("/leases", response_model=ConsistentVersion, status_code=201)
+def create_lease(body: LeaseRequest, s: Services = Depends(services)) -> ConsistentVersion:
+    """Pin the consistent version of some tables against expiry."""
+    return consistent(s, body.tables, body.at_or_before, body.lease_seconds)
+
+
+@router.delete("/leases/{lease_id}", status_code=204)
+def delete_lease(lease_id: str, s: Services = Depends(services)) -> Response:
+    s.db.write(lambda session: service.delete_lease(session, lease_id))
+    return Response(status_code=204)

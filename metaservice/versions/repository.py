@@ -1,0 +1,26 @@
+"""Queries about leases."""
+
+from __future__ import annotations
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from metaservice.models import Lease, LeaseSnapshot
+
+
+def live_lease_snapshots(
+    session: Session, table_id: int, now_ms: int
+) -> list[tuple[str, int, int | None]]:
+    """(lease id, expiry, snapshot) of every unexpired lease on the table."""
+    rows = session.execute(
+        select(Lease.id, Lease.expires_ms, LeaseSnapshot.snapshot_id)
+        .join(LeaseSnapshot, LeaseSnapshot.lease_id == Lease.id)
+        .where(LeaseSnapshot.table_id == table_id, Lease.expires_ms > now_ms)
+    ).tuples()
+    return list(rows)
+
+
+def delete_expired(session: Session, now_ms: int) -> int:
+    expired = select(Lease.id).where(Lease.expires_ms <= now_ms)
+    session.execute(delete(LeaseSnapshot).where(LeaseSnapshot.lease_id.in_(expired)))
+    return session.execute(delete(Lease).where(Lease.expires_ms <= now_ms)).rowcount or 0

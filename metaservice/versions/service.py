@@ -1,0 +1,137 @@
+"""The consistent version of a set of tables: the largest barrier at which every
+table is complete and exact, with each table's snapshot at that barrier."""
+
+from __future__ import annotations
+
+import uuid
+
+from sqlalchemy.orm import Session
+
+from metaservice.barriers import frontiers as fr
+from metaservice.barriers import repository as barrier_repo
+from metaservice.context import Context
+from metaservice.errors import Conflict, Invalid, NotFound, TooLarge
+from metaservice.models import DERIVED, Job, Lease, LeaseSnapshot, Table
+from metaservice.names import check_table_name
+from metaservice.topology import repository as topo
+from metaservice.versions.schemas import ConsistentVersion
+
+
+def parse_tables(ctx: Context, tables: list[str]) -> list[str]:
+    names = [t.strip() for t in tables if t.strip()]
+    if not names:
+        raise Invalid("name at least one table, e.g. tables=dwd.order_detail", field="tables")
+    if len(names) > ctx.settings.max_tables_per_query:
+        raise TooLarge(
+            f"{len(names)} tables asked; at most {ctx.settings.max_tables_per_query} per query",
+            field="tables",
+        )
+    for name in names:
+        check_table_name(name, field="tables")
+    return sorted(set(names))
+
+
+def writers_of(session: Session, names: list[str]) -> tuple[dict[str, Table], dict[int, Job]]:
+    tables = topo.tables_by_names(session, names)
+    for name in names:
+        if name not in tables:
+            raise NotFound(
+                f"table '{name}' is unknown: no registered job reads or writes it", field="tables"
+            )
+        if tables[name].writer_id is None:
+            raise Conflict(
+                f"table '{name}' has no writing job, so it has no frontier",
+                field="tables",
+                code="no_writer",
+            )
+    jobs = topo.jobs_by_ids(session, [t.writer_id for t in tables.values() if t.writer_id])
+    return tables, jobs
+
+
+def seal_writers(session: Session, ctx: Context, names: list[str]) -> None:
+    """Write step before a consistent-version read: seal idle source writers."""
+    _, jobs = writers_of(session, names)
+    fr.seal_sources(session, ctx, list(jobs.values()))
+
+
+def needs_seal(session: Session, ctx: Context, names: list[str]) -> bool:
+    _, jobs = writers_of(session, names)
+    return fr.needs_seal(ctx, list(jobs.values()))
+
+
+def consistent_version(
+    session: Session, ctx: Context, names: list[str], at_or_before: int | None = None
+) -> ConsistentVersion:
+    tables, jobs = writers_of(session, names)
+    limit = min(fr.frontiers(session, ctx, list(jobs.values())).values())
+    if at_or_before is not None:
+        limit = min(limit, at_or_before)
+    derived = sorted(j.id for j in jobs.values() if j.kind == DERIVED)
+    barrier = _common_exact_barrier(session, derived, limit)
+    if barrier is None or barrier <= 0:
+        raise Conflict(
+            "no consistent version of "
+            + ", ".join(names)
+            + (f" at or before {at_or_before}" if at_or_before is not None else "")
+            + " exists yet: some table has not committed a barrier that the others reached; "
+            "retry once the jobs have made progress",
+            field="tables",
+            code="no_consistent_version",
+        )
+    snapshots = {
+        name: barrier_repo.snapshot_at(session, tables[name].id, barrier) for name in names
+    }
+    return ConsistentVersion(barrier=barrier, snapshots=snapshots)
+
+
+def _common_exact_barrier(session: Session, derived_jobs: list[int], limit: int) -> int | None:
+    """Largest barrier <= limit that every derived job committed (sources are exact everywhere).
+
+    Each round lowers the candidate to the smallest of the jobs' latest commits at or
+    below it; it stops when they all agree. Converges in a few indexed queries.
+    """
+    candidate = limit
+    while derived_jobs:
+        latest = barrier_repo.latest_committed_at_or_before(session, derived_jobs, candidate)
+        if len(latest) < len(derived_jobs):
+            return None
+        lowest = min(latest.values())
+        if all(b == lowest for b in latest.values()):
+            return lowest
+        candidate = lowest
+    return candidate
+
+
+def create_lease(
+    session: Session, ctx: Context, version: ConsistentVersion, seconds: int
+) -> ConsistentVersion:
+    if seconds > ctx.settings.max_lease_seconds:
+        raise Invalid(
+            f"lease of {seconds} s is longer than the {ctx.settings.max_lease_seconds} s allowed",
+            field="lease_seconds",
+        )
+    now = ctx.now_ms()
+    lease = Lease(
+        id=str(uuid.uuid4()),
+        barrier=version.barrier,
+        created_ms=now,
+        expires_ms=now + seconds * 1000,
+    )
+    session.add(lease)
+    tables = topo.tables_by_names(session, list(version.snapshots))
+    for name, snapshot in version.snapshots.items():
+        session.add(
+            LeaseSnapshot(lease_id=lease.id, table_id=tables[name].id, snapshot_id=snapshot)
+        )
+    session.flush()
+    return version.model_copy(update={"lease_id": lease.id, "lease_expires_ms": lease.expires_ms})
+
+
+def delete_lease(session: Session, lease_id: str) -> None:
+    lease = session.get(Lease, lease_id)
+    if lease is None:
+        raise NotFound(
+            f"lease '{lease_id}' does not exist (it may have ended already)", field="lease_id"
+        )
+    session.delete(lease)
+    session.flush()

@@ -1,0 +1,1 @@
+"""Alembic migrations of the MetaService schema (applied by ``metaservice db upgrade``)."""

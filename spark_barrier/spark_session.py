@@ -1,0 +1,38 @@
+"""SparkSession settings the barrier integration relies on.
+
+The Iceberg layer (`spark_barrier.iceberg_io`) needs Parquet timestamps written as
+INT64 micros: Spark's default, INT96, is a legacy encoding that Iceberg (and
+pyiceberg's `add_files`) rejects.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import SparkSession
+
+PARQUET_TIMESTAMP_TYPE_KEY = "spark.sql.parquet.outputTimestampType"
+PARQUET_TIMESTAMP_TYPE = "TIMESTAMP_MICROS"
+
+
+def local_spark_builder(
+    app_name: str, builder: SparkSession.Builder | None = None
+) -> SparkSession.Builder:
+    """Configure a `SparkSession.builder` for a small local session (tests, examples).
+
+    `local[2]`, no UI, two shuffle partitions (the default 200 makes tiny jobs slow),
+    UTC session time zone, TIMESTAMP_MICROS Parquet output and a loopback driver
+    address (so a machine whose hostname does not resolve still works).
+
+    Pass `builder` to add these settings to a builder you already configured; the
+    builder is returned so further `.config(...)` calls chain.
+    """
+    base = builder if builder is not None else SparkSession.builder
+    return (
+        base.appName(app_name)
+        .master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config(PARQUET_TIMESTAMP_TYPE_KEY, PARQUET_TIMESTAMP_TYPE)
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+    )
