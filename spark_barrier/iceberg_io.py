@@ -91,8 +91,15 @@ _FOOTER_READ_THREADS = 8
 _APPEND_ONLY_OPERATIONS = frozenset({Operation.APPEND, Operation.REPLACE})
 # Key types whose file-level min/max statistics are safe to prune with (floats
 # are left out: NaN bounds make range pruning unreliable).
-_PRUNABLE_KEY_TYPES = (IntegerType, LongType, StringType, DateType, TimestampType,
-                       TimestamptzType, DecimalType)
+_PRUNABLE_KEY_TYPES = (
+    IntegerType,
+    LongType,
+    StringType,
+    DateType,
+    TimestampType,
+    TimestamptzType,
+    DecimalType,
+)
 
 
 class StampedSnapshot(NamedTuple):
@@ -180,8 +187,9 @@ def _spark_to_arrow_type(dt: T.DataType) -> pa.DataType:
     if isinstance(dt, T.MapType):
         return pa.map_(_spark_to_arrow_type(dt.keyType), _spark_to_arrow_type(dt.valueType))
     if isinstance(dt, T.StructType):
-        return pa.struct([pa.field(f.name, _spark_to_arrow_type(f.dataType), True)
-                          for f in dt.fields])
+        return pa.struct(
+            [pa.field(f.name, _spark_to_arrow_type(f.dataType), True) for f in dt.fields]
+        )
     raise TypeError(f"Spark type {dt.simpleString()} has no Iceberg mapping")
 
 
@@ -215,8 +223,11 @@ def _iceberg_to_spark_type(it: IcebergType) -> T.DataType:
     if isinstance(it, ListType):
         return T.ArrayType(_iceberg_to_spark_type(it.element_type), not it.element_required)
     if isinstance(it, MapType):
-        return T.MapType(_iceberg_to_spark_type(it.key_type),
-                         _iceberg_to_spark_type(it.value_type), not it.value_required)
+        return T.MapType(
+            _iceberg_to_spark_type(it.key_type),
+            _iceberg_to_spark_type(it.value_type),
+            not it.value_required,
+        )
     if isinstance(it, StructType):
         return T.StructType([_iceberg_to_spark_field(f) for f in it.fields])
     raise TypeError(f"Iceberg type {it} has no Spark mapping")
@@ -395,11 +406,22 @@ def commit_batch(
         return find_batch_snapshot(table, job, batch_id)
 
     if not keys:
-        return _with_retries(table, max_attempts, (CommitFailedException,), should_stop,
-                             lambda _: _commit_files(table, stamp, added, []))
-    return _with_retries(table, max_attempts, (CommitFailedException, ValidationException),
-                         should_stop, lambda n: _upsert_attempt(spark_df.sparkSession, table, stamp,
-                                                                added, keys, f"{folder}/rewrite-{n}"))
+        return _with_retries(
+            table,
+            max_attempts,
+            (CommitFailedException,),
+            should_stop,
+            lambda _: _commit_files(table, stamp, added, []),
+        )
+    return _with_retries(
+        table,
+        max_attempts,
+        (CommitFailedException, ValidationException),
+        should_stop,
+        lambda n: _upsert_attempt(
+            spark_df.sparkSession, table, stamp, added, keys, f"{folder}/rewrite-{n}"
+        ),
+    )
 
 
 def _check_mode(mode: str, key_columns: Sequence[str] | None, table: Table) -> list[str]:
@@ -431,8 +453,14 @@ def _with_retries(
             if n + 1 >= max_attempts:
                 raise
             delay = min(_BACKOFF_MAX_S, _BACKOFF_BASE_S * 2**n) * random.uniform(1.0, 1.5)
-            log.warning("commit to %s failed (%s), retry %d/%d in %.2fs",
-                        table.name(), exc, n + 1, max_attempts - 1, delay)
+            log.warning(
+                "commit to %s failed (%s), retry %d/%d in %.2fs",
+                table.name(),
+                exc,
+                n + 1,
+                max_attempts - 1,
+                delay,
+            )
             time.sleep(delay)
             table.refresh()
             if (done := should_stop()) is not None:
@@ -490,7 +518,10 @@ def _last_row_per_key(df: DataFrame, keys: list[str]) -> DataFrame:
 
 def _upsert_attempt(
     spark: SparkSession,
-    table: Table, stamp: dict[str, str], batch_files: list[DataFile], keys: list[str],
+    table: Table,
+    stamp: dict[str, str],
+    batch_files: list[DataFile],
+    keys: list[str],
     rewrite_folder: str,
 ) -> int:
     """Plan against the table's current snapshot, rewrite affected files, commit."""
@@ -504,8 +535,11 @@ def _upsert_attempt(
     if not affected:
         return _commit_files(table, stamp, batch_files, [])
     try:
-        kept = (spark.read.schema(schema).parquet(*[f.file_path for f in affected])
-                .join(batch_keys, _key_match(keys), "left_anti"))
+        kept = (
+            spark.read.schema(schema)
+            .parquet(*[f.file_path for f in affected])
+            .join(batch_keys, _key_match(keys), "left_anti")
+        )
         rewritten = _write_data_files(kept, rewrite_folder, table)
         return _commit_files(table, stamp, batch_files + rewritten, affected)
     except (CommitFailedException, ValidationException):
@@ -515,17 +549,27 @@ def _upsert_attempt(
 
 
 def _files_with_keys(
-    spark: SparkSession, schema: T.StructType, candidates: list[DataFile],
-    batch_keys: DataFrame, keys: list[str],
+    spark: SparkSession,
+    schema: T.StructType,
+    candidates: list[DataFile],
+    batch_keys: DataFrame,
+    keys: list[str],
 ) -> list[DataFile]:
     """The candidate files holding at least one batch key (a distributed semi join)."""
     if not candidates:
         return []
     by_path = {_path_key(f.file_path): f for f in candidates}
-    current = (spark.read.schema(schema).parquet(*[f.file_path for f in candidates])
-               .select(*keys, F.col("_metadata.file_path").alias("__ms_file")))
-    hits = (current.join(batch_keys, _key_match(keys), "left_semi")
-            .select("__ms_file").distinct().collect())
+    current = (
+        spark.read.schema(schema)
+        .parquet(*[f.file_path for f in candidates])
+        .select(*keys, F.col("_metadata.file_path").alias("__ms_file"))
+    )
+    hits = (
+        current.join(batch_keys, _key_match(keys), "left_semi")
+        .select("__ms_file")
+        .distinct()
+        .collect()
+    )
     return [by_path[_path_key(row["__ms_file"])] for row in hits]
 
 
@@ -543,7 +587,9 @@ def _key_match(keys: list[str]) -> Column:
     return cond
 
 
-def _key_range_filter(table: Table, batch_files: list[DataFile], keys: list[str]) -> BooleanExpression:
+def _key_range_filter(
+    table: Table, batch_files: list[DataFile], keys: list[str]
+) -> BooleanExpression:
     """Prune files whose key min/max statistics cannot overlap the batch's keys.
 
     The bounds come from the batch files' Parquet statistics, so this costs no
@@ -593,11 +639,14 @@ def _write_data_files(df: DataFrame, folder: str, table: Table) -> list[DataFile
     df.write.mode("errorifexists").parquet(folder)
     files = _list_parquet_files(spark, df.schema, folder)
     with ThreadPoolExecutor(max_workers=_FOOTER_READ_THREADS) as pool:
-        data_files = list(pool.map(
-            lambda p: parquet_file_to_data_file(io=table.io, table_metadata=table.metadata,
-                                                file_path=p),
-            files,
-        ))
+        data_files = list(
+            pool.map(
+                lambda p: parquet_file_to_data_file(
+                    io=table.io, table_metadata=table.metadata, file_path=p
+                ),
+                files,
+            )
+        )
     # Spark writes one empty file for an empty result; Iceberg has no use for it.
     return [f for f in data_files if f.record_count > 0]
 

@@ -57,7 +57,7 @@ def oldest_open_barriers(session: Session, job_ids: Sequence[int]) -> dict[int, 
         select(Batch.job_id, func.min(Batch.barrier))
         .where(Batch.job_id.in_(job_ids), Batch.committed.is_(False))
         .group_by(Batch.job_id)
-    ).tuples()
+    )
     return dict(rows.all())
 
 
@@ -85,7 +85,7 @@ def latest_committed_at_or_before(
         select(Batch.job_id, func.max(Batch.barrier))
         .where(Batch.job_id.in_(job_ids), Batch.committed.is_(True), Batch.barrier <= barrier)
         .group_by(Batch.job_id)
-    ).tuples()
+    )
     return dict(rows.all())
 
 

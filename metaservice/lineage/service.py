@@ -68,15 +68,11 @@ def _walk(graph: nx.DiGraph, root: str, hops: int | None, *, upstream: bool) -> 
 
 def snapshot_lineage(session: Session, table: str, snapshot_id: int) -> SnapshotLineage:
     t = topo.require_table(session, table)
-    row = (
-        session.execute(
-            select(Commit, Job.name)
-            .join(Job, Job.id == Commit.job_id)
-            .where(Commit.table_id == t.id, Commit.snapshot_id == snapshot_id)
-        )
-        .tuples()
-        .one_or_none()
-    )
+    row = session.execute(
+        select(Commit, Job.name)
+        .join(Job, Job.id == Commit.job_id)
+        .where(Commit.table_id == t.id, Commit.snapshot_id == snapshot_id)
+    ).one_or_none()
     if row is None:
         raise NotFound(
             f"snapshot {snapshot_id} of '{table}' was never reported to the MetaService",

@@ -33,8 +33,8 @@ def topology_version(session: Session) -> int:
 
 def build_graph(session: Session) -> nx.DiGraph:
     graph = nx.DiGraph()
-    jobs = dict(session.execute(select(Job.id, Job.name)).tuples().all())
-    tables = session.execute(select(Table.id, Table.name, Table.writer_id)).tuples().all()
+    jobs = dict(session.execute(select(Job.id, Job.name)).all())
+    tables = session.execute(select(Table.id, Table.name, Table.writer_id)).all()
     table_names = {}
     for job_name in jobs.values():
         graph.add_node(job_node(job_name), kind="job", name=job_name)
@@ -43,7 +43,7 @@ def build_graph(session: Session) -> nx.DiGraph:
         graph.add_node(table_node(name), kind="table", name=name)
         if writer_id is not None:
             graph.add_edge(job_node(jobs[writer_id]), table_node(name))
-    for job_id, table_id in session.execute(select(JobInput.job_id, JobInput.table_id)).tuples():
+    for job_id, table_id in session.execute(select(JobInput.job_id, JobInput.table_id)):
         graph.add_edge(table_node(table_names[table_id]), job_node(jobs[job_id]))
     return graph
 

@@ -89,13 +89,13 @@ def edges_of_jobs(
             .join(Table, Table.id == JobInput.table_id)
             .where(JobInput.job_id.in_(job_ids))
             .order_by(Table.name)
-        ).tuples():
+        ):
             inputs[job_id].append(name)
         for job_id, name in session.execute(
             select(Table.writer_id, Table.name)
             .where(Table.writer_id.in_(job_ids))
             .order_by(Table.name)
-        ).tuples():
+        ):
             if job_id is not None:
                 outputs[job_id].append(name)
     return inputs, outputs
@@ -109,7 +109,7 @@ def readers_of_tables(session: Session, table_ids: Sequence[int]) -> dict[int, l
             .join(Job, Job.id == JobInput.job_id)
             .where(JobInput.table_id.in_(table_ids))
             .order_by(Job.name)
-        ).tuples():
+        ):
             readers[table_id].append(name)
     return readers
 

@@ -234,7 +234,7 @@ def table_snapshots(
         .order_by(Commit.barrier, Commit.batch_id)
         .limit(limit)
         .offset(offset)
-    ).tuples()
+    )
     items = [
         SnapshotView(
             snapshot_id=c.snapshot_id,

@@ -16,7 +16,7 @@ def live_lease_snapshots(
         select(Lease.id, Lease.expires_ms, LeaseSnapshot.snapshot_id)
         .join(LeaseSnapshot, LeaseSnapshot.lease_id == Lease.id)
         .where(LeaseSnapshot.table_id == table_id, Lease.expires_ms > now_ms)
-    ).tuples()
+    )
     return list(rows)
 
 

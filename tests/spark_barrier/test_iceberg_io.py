@@ -63,18 +63,20 @@ def _commit(df: DataFrame, table: Table, batch: int, **kw: Any) -> int | None:
 
 
 def test_spark_schema_maps_to_arrow_and_back() -> None:
-    spark_schema = T.StructType([
-        T.StructField("l", T.LongType(), False),
-        T.StructField("i", T.IntegerType()),
-        T.StructField("d", T.DoubleType()),
-        T.StructField("s", T.StringType()),
-        T.StructField("ts", T.TimestampType()),
-        T.StructField("ntz", T.TimestampNTZType()),
-        T.StructField("dec", T.DecimalType(12, 3)),
-        T.StructField("b", T.BooleanType()),
-        T.StructField("day", T.DateType()),
-        T.StructField("tags", T.ArrayType(T.StringType())),
-    ])
+    spark_schema = T.StructType(
+        [
+            T.StructField("l", T.LongType(), False),
+            T.StructField("i", T.IntegerType()),
+            T.StructField("d", T.DoubleType()),
+            T.StructField("s", T.StringType()),
+            T.StructField("ts", T.TimestampType()),
+            T.StructField("ntz", T.TimestampNTZType()),
+            T.StructField("dec", T.DecimalType(12, 3)),
+            T.StructField("b", T.BooleanType()),
+            T.StructField("day", T.DateType()),
+            T.StructField("tags", T.ArrayType(T.StringType())),
+        ]
+    )
     arrow = spark_schema_to_arrow(spark_schema)
     assert arrow.field("l").type == pa.int64() and arrow.field("l").nullable
     assert arrow.field("ts").type == pa.timestamp("us", tz="UTC")
@@ -86,12 +88,14 @@ def test_spark_schema_maps_to_arrow_and_back() -> None:
 
 
 def test_ensure_table_is_idempotent_and_keeps_types(catalog: Catalog) -> None:
-    schema = T.StructType([
-        T.StructField("id", T.LongType()),
-        T.StructField("ts", T.TimestampType()),
-        T.StructField("amount", T.DecimalType(10, 2)),
-        T.StructField("day", T.DateType()),
-    ])
+    schema = T.StructType(
+        [
+            T.StructField("id", T.LongType()),
+            T.StructField("ts", T.TimestampType()),
+            T.StructField("amount", T.DecimalType(10, 2)),
+            T.StructField("day", T.DateType()),
+        ]
+    )
     table = ensure_table(catalog, "dw.typed", schema)
     again = ensure_table(catalog, "dw.typed", schema)
     assert again.metadata.table_uuid == table.metadata.table_uuid
@@ -105,50 +109,69 @@ def test_ensure_table_is_idempotent_and_keeps_types(catalog: Catalog) -> None:
 
 
 def test_append_commit_is_stamped_and_reads_back(spark: SparkSession, catalog: Catalog) -> None:
-    schema = T.StructType([
-        T.StructField("id", T.LongType()),
-        T.StructField("name", T.StringType()),
-        T.StructField("amount", T.DecimalType(10, 2)),
-        T.StructField("ok", T.BooleanType()),
-        T.StructField("day", T.DateType()),
-        T.StructField("ratio", T.DoubleType()),
-        T.StructField("n", T.IntegerType()),
-    ])
+    schema = T.StructType(
+        [
+            T.StructField("id", T.LongType()),
+            T.StructField("name", T.StringType()),
+            T.StructField("amount", T.DecimalType(10, 2)),
+            T.StructField("ok", T.BooleanType()),
+            T.StructField("day", T.DateType()),
+            T.StructField("ratio", T.DoubleType()),
+            T.StructField("n", T.IntegerType()),
+        ]
+    )
     rows = [
         (i, f"name-{i}", Decimal(f"{i}.25"), i % 2 == 0, dt.date(2024, 1, 1 + i), i / 4, i * 10)
         for i in range(6)
     ]
     table = ensure_table(catalog, "dw.orders", schema)
 
-    sid = commit_batch(spark.createDataFrame(rows, schema), table,
-                       barrier=1_700_000_000_000, job="orders-job", batch_id=3)
+    sid = commit_batch(
+        spark.createDataFrame(rows, schema),
+        table,
+        barrier=1_700_000_000_000,
+        job="orders-job",
+        batch_id=3,
+    )
 
     assert sid is not None and table.current_snapshot().snapshot_id == sid  # type: ignore[union-attr]
     summary = table.snapshot_by_id(sid).summary  # type: ignore[union-attr]
     assert summary.operation == Operation.APPEND  # type: ignore[union-attr]
     assert (summary[SUMMARY_BARRIER], summary[SUMMARY_JOB], summary[SUMMARY_BATCH]) == (  # type: ignore[index]
-        "1700000000000", "orders-job", "3")
+        "1700000000000",
+        "orders-job",
+        "3",
+    )
     assert _rows(read_snapshot(spark, table, sid)) == sorted(rows)
     # pyiceberg reads the same rows from the metadata it committed: the table is real Iceberg.
     fresh = catalog.load_table("dw.orders")
     arrow_rows = fresh.scan().to_arrow().to_pylist()
     assert sorted(tuple(r.values()) for r in arrow_rows) == sorted(rows)
-    assert all(p.startswith(table.location() + "/data/batch-orders-job-3-")
-               for p in data_file_paths(table))
+    assert all(
+        p.startswith(table.location() + "/data/batch-orders-job-3-") for p in data_file_paths(table)
+    )
 
 
 def test_timestamps_round_trip_as_int64_micros(spark: SparkSession, catalog: Catalog) -> None:
-    schema = T.StructType([T.StructField("id", T.LongType()),
-                           T.StructField("ts", T.TimestampType())])
-    stamps = [dt.datetime(2024, 2, 29, 23, 59, 59, 123456, tzinfo=UTC),
-              dt.datetime(1999, 12, 31, 0, 0, 0, 1, tzinfo=UTC)]
+    schema = T.StructType(
+        [T.StructField("id", T.LongType()), T.StructField("ts", T.TimestampType())]
+    )
+    stamps = [
+        dt.datetime(2024, 2, 29, 23, 59, 59, 123456, tzinfo=UTC),
+        dt.datetime(1999, 12, 31, 0, 0, 0, 1, tzinfo=UTC),
+    ]
     table = ensure_table(catalog, "dw.events", schema)
 
     sid = _commit(spark.createDataFrame(list(enumerate(stamps)), schema), table, 1)
 
-    got = [r["ts"].replace(tzinfo=UTC) for r in read_snapshot(spark, table, sid).orderBy("id").collect()]
+    got = [
+        r["ts"].replace(tzinfo=UTC)
+        for r in read_snapshot(spark, table, sid).orderBy("id").collect()
+    ]
     assert got == stamps  # session time zone is UTC, microseconds kept
-    assert [r["ts"] for r in sorted(table.scan().to_arrow().to_pylist(), key=lambda r: r["id"])] == stamps
+    assert [
+        r["ts"] for r in sorted(table.scan().to_arrow().to_pylist(), key=lambda r: r["id"])
+    ] == stamps
     for path in data_file_paths(table):
         column = pq.read_metadata(urlparse(path).path).schema.column(1)
         assert column.physical_type == "INT64"  # not INT96
@@ -169,7 +192,9 @@ def test_empty_batch_makes_no_snapshot(spark: SparkSession, catalog: Catalog) ->
 def test_replayed_batch_is_found_and_skipped(spark: SparkSession, catalog: Catalog) -> None:
     table = _kv_table(catalog)
     assert find_batch_snapshot(table, "job", 7) is None
-    sid = commit_batch(_kv(spark, [(1, "a"), (2, "b")]), table, barrier=5_000, job="job", batch_id=7)
+    sid = commit_batch(
+        _kv(spark, [(1, "a"), (2, "b")]), table, barrier=5_000, job="job", batch_id=7
+    )
 
     reloaded = catalog.load_table("dw.kv")  # as a restarted driver would see it
     assert find_batch_snapshot(reloaded, "job", 7) == sid
@@ -178,8 +203,9 @@ def test_replayed_batch_is_found_and_skipped(spark: SparkSession, catalog: Catal
     assert list_stamped_snapshots(reloaded) == [StampedSnapshot(sid, 5_000, "job", 7)]  # type: ignore[arg-type]
 
     # The replay is skipped: same snapshot, no second copy of the rows.
-    replay = commit_batch(_kv(spark, [(1, "a"), (2, "b")]), reloaded, barrier=5_000, job="job",
-                          batch_id=7)
+    replay = commit_batch(
+        _kv(spark, [(1, "a"), (2, "b")]), reloaded, barrier=5_000, job="job", batch_id=7
+    )
     assert replay == sid
     assert len(reloaded.snapshots()) == 1
     assert read_snapshot(spark, reloaded, sid).count() == 2
@@ -206,10 +232,14 @@ def test_read_appended_returns_rows_of_the_range(spark: SparkSession, catalog: C
 
 def _file_of_key(spark: SparkSession, table: Table) -> dict[int, str]:
     df = read_snapshot(spark, table, table.current_snapshot().snapshot_id)  # type: ignore[union-attr]
-    return {r["id"]: r["f"] for r in df.select("id", F.col("_metadata.file_path").alias("f")).collect()}
+    return {
+        r["id"]: r["f"] for r in df.select("id", F.col("_metadata.file_path").alias("f")).collect()
+    }
 
 
-def test_upsert_keeps_latest_value_and_untouched_files(spark: SparkSession, catalog: Catalog) -> None:
+def test_upsert_keeps_latest_value_and_untouched_files(
+    spark: SparkSession, catalog: Catalog
+) -> None:
     table = _kv_table(catalog)
     up = {"mode": "upsert", "key_columns": ["id"]}
     _commit(_kv(spark, [(i, "b1") for i in range(10)]), table, 1, **up)
@@ -222,7 +252,8 @@ def test_upsert_keeps_latest_value_and_untouched_files(spark: SparkSession, cata
     expected = {i: "b1" for i in range(10)} | {i: "b2" for i in range(100, 110)} | {5: "b3-last"}
     assert _rows(read_snapshot(spark, table, s3)) == sorted(expected.items())
     assert sorted((r["id"], r["v"]) for r in table.scan().to_arrow().to_pylist()) == sorted(
-        expected.items())
+        expected.items()
+    )
     assert table.snapshot_by_id(s3).summary.operation == Operation.OVERWRITE  # type: ignore[union-attr]
     assert snapshot_barrier(table, s3) == 3_000  # type: ignore[arg-type]
 
@@ -238,23 +269,39 @@ def test_upsert_keeps_latest_value_and_untouched_files(spark: SparkSession, cata
 
 @pytest.mark.slow
 def test_upsert_of_a_million_rows(spark: SparkSession, catalog: Catalog) -> None:
-    table = ensure_table(catalog, "dw.big", T.StructType([
-        T.StructField("id", T.LongType()), T.StructField("v", T.LongType())]))
+    table = ensure_table(
+        catalog,
+        "dw.big",
+        T.StructType([T.StructField("id", T.LongType()), T.StructField("v", T.LongType())]),
+    )
     up: dict[str, Any] = {"mode": "upsert", "key_columns": ["id"]}
     started = time.monotonic()
 
     _commit(spark.range(1_000_000).select("id", F.col("id").alias("v")), table, 1, **up)
-    sid = _commit(spark.range(500_000, 1_500_000).select("id", F.lit(-1).cast("long").alias("v")),
-                  table, 2, **up)
+    sid = _commit(
+        spark.range(500_000, 1_500_000).select("id", F.lit(-1).cast("long").alias("v")),
+        table,
+        2,
+        **up,
+    )
 
     elapsed = time.monotonic() - started
-    stats = read_snapshot(spark, table, sid).agg(
-        F.count("*").alias("rows"), F.countDistinct("id").alias("keys"),
-        F.sum(F.when(F.col("v") == -1, 1).otherwise(0)).alias("updated"),
-        F.sum(F.when(F.col("v") == F.col("id"), 1).otherwise(0)).alias("old"),
-    ).first()
+    stats = (
+        read_snapshot(spark, table, sid)
+        .agg(
+            F.count("*").alias("rows"),
+            F.countDistinct("id").alias("keys"),
+            F.sum(F.when(F.col("v") == -1, 1).otherwise(0)).alias("updated"),
+            F.sum(F.when(F.col("v") == F.col("id"), 1).otherwise(0)).alias("old"),
+        )
+        .first()
+    )
     assert (stats["rows"], stats["keys"], stats["updated"], stats["old"]) == (
-        1_500_000, 1_500_000, 1_000_000, 500_000)
+        1_500_000,
+        1_500_000,
+        1_000_000,
+        500_000,
+    )
     assert elapsed < 60, f"1M-row upsert took {elapsed:.1f}s"
 
 
@@ -288,8 +335,13 @@ def concurrent_commit(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
 def _other_writer_appends(catalog: Catalog, rows: list[tuple[int, str]]) -> Any:
     def append() -> None:
         other = catalog.load_table("dw.kv")  # another driver's Table object
-        other.append(pa.table({"id": [r[0] for r in rows], "v": [r[1] for r in rows]},
-                              schema=pa.schema([("id", pa.int64()), ("v", pa.string())])))
+        other.append(
+            pa.table(
+                {"id": [r[0] for r in rows], "v": [r[1] for r in rows]},
+                schema=pa.schema([("id", pa.int64()), ("v", pa.string())]),
+            )
+        )
+
     return append
 
 

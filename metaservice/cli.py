@@ -1,0 +1,313 @@
+"""``metaservice``: run the service, migrate its database, and query a running one."""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import UTC, datetime
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table as RichTable
+from rich.tree import Tree
+
+from metaservice.client import MetaServiceClient, MetaServiceError
+from metaservice.settings import Settings
+
+app = typer.Typer(
+    help="MetaService: timestamp barriers, lineage, delay and consistent versions "
+    "for Spark streaming on Apache Iceberg.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+db_app = typer.Typer(help="Manage the MetaService database.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+console = Console()
+err = Console(stderr=True)
+
+DbOption = Annotated[
+    str | None,
+    typer.Option(
+        "--db",
+        help="Database URL (sqlite:///FILE or postgresql+psycopg://USER@HOST/DB). "
+        "Default: METASERVICE_DB_URL, else sqlite:///metaservice.db",
+        show_default=False,
+    ),
+]
+UrlOption = Annotated[
+    str,
+    typer.Option("--url", envvar="METASERVICE_URL", help="Base URL of a running MetaService."),
+]
+TokenOption = Annotated[
+    str | None,
+    typer.Option("--token", envvar="METASERVICE_TOKEN", help="Bearer token, when auth is on."),
+]
+
+
+def _settings(**overrides: object) -> Settings:
+    return Settings(**{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
+
+
+def _fail(message: str) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {message}")
+    return typer.Exit(code=1)
+
+
+def _client(url: str, token: str | None) -> MetaServiceClient:
+    return MetaServiceClient(url, token=token)
+
+
+def _time(ms: int | None) -> str:
+    if not ms:
+        return "never"
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def _duration(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    if abs(ms) < 1000:
+        return f"{ms} ms"
+    seconds = ms / 1000
+    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+@app.command()
+def start(
+    port: Annotated[int | None, typer.Option(help="Port to listen on (default 8765)")] = None,
+    host: Annotated[str | None, typer.Option(help="Address to bind (default 127.0.0.1)")] = None,
+    db: DbOption = None,
+    barrier_interval_ms: Annotated[
+        int | None, typer.Option(help="Barrier clock slot width in ms (default 1000)")
+    ] = None,
+    workers: Annotated[int, typer.Option(help="Worker processes (uvicorn)")] = 1,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning, error")] = "info",
+) -> None:
+    """Start the MetaService, applying database migrations first if it is behind."""
+    import uvicorn
+
+    from metaservice.migrate import upgrade
+
+    settings = _settings(port=port, host=host, db_url=db, barrier_interval_ms=barrier_interval_ms)
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        revision = upgrade(settings.db_url)
+    except Exception as exc:
+        raise _fail(f"cannot prepare the database {settings.db_url}: {exc}") from exc
+    console.print(
+        f"MetaService on http://{settings.host}:{settings.port} (API docs at /docs), "
+        f"database {settings.db_url} at migration {revision}, "
+        f"barrier interval {settings.barrier_interval_ms} ms"
+    )
+    # Workers are separate processes: they rebuild the app from the environment.
+    for key, value in (
+        ("DB_URL", settings.db_url),
+        ("BARRIER_INTERVAL_MS", settings.barrier_interval_ms),
+    ):
+        os.environ[f"METASERVICE_{key}"] = str(value)
+    uvicorn.run(
+        "metaservice.app:create_app",
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=workers,
+        log_level=log_level,
+    )
+
+
+@db_app.command("upgrade")
+def db_upgrade(db: DbOption = None, revision: str = "head") -> None:
+    """Apply Alembic migrations to the database."""
+    from metaservice.migrate import upgrade
+
+    url = _settings(db_url=db).db_url
+    try:
+        at = upgrade(url, revision)
+    except Exception as exc:
+        raise _fail(f"migration of {url} failed: {exc}") from exc
+    console.print(f"database {url} is at migration {at}")
+
+
+@db_app.command("current")
+def db_current(db: DbOption = None) -> None:
+    """Show the database's migration and the newest one this version knows."""
+    from metaservice.db import make_engine
+    from metaservice.migrate import current_revision, head_revision
+
+    url = _settings(db_url=db).db_url
+    engine = make_engine(url)
+    try:
+        console.print(f"database {url}: at {current_revision(engine)}, newest {head_revision()}")
+    finally:
+        engine.dispose()
+
+
+@app.command()
+def topology(url: UrlOption = "http://127.0.0.1:8765", token: TokenOption = None) -> None:
+    """Show every job with its inputs, outputs, status and frontier."""
+    try:
+        with _client(url, token) as ms:
+            jobs = ms.all_jobs()
+    except MetaServiceError as exc:
+        raise _fail(str(exc)) from exc
+    table = RichTable(title=f"{len(jobs)} jobs")
+    for col in ("job", "kind", "inputs", "outputs", "status", "frontier"):
+        table.add_column(col)
+    for j in jobs:
+        table.add_row(
+            j.name,
+            j.kind,
+            ", ".join(j.inputs) or "-",
+            ", ".join(j.outputs),
+            j.status,
+            _time(j.frontier),
+        )
+    console.print(table)
+
+
+@app.command()
+def tables(url: UrlOption = "http://127.0.0.1:8765", token: TokenOption = None) -> None:
+    """Show every table with its writer, frontier, latest snapshot and delay."""
+    try:
+        with _client(url, token) as ms:
+            items = ms.all_tables()
+    except MetaServiceError as exc:
+        raise _fail(str(exc)) from exc
+    table = RichTable(title=f"{len(items)} tables")
+    for col in ("table", "writer", "readers", "frontier", "latest snapshot", "delay"):
+        table.add_column(col)
+    for t in items:
+        table.add_row(
+            t.name,
+            t.writer or "-",
+            ", ".join(t.readers) or "-",
+            _time(t.frontier),
+            str(t.latest_snapshot or "-"),
+            _duration(t.delay_ms),
+        )
+    console.print(table)
+
+
+@app.command()
+def lineage(
+    table: Annotated[str, typer.Argument(help="Table identifier, e.g. dws.item_revenue")],
+    direction: Annotated[str, typer.Option(help="upstream, downstream or both")] = "upstream",
+    depth: Annotated[
+        int | None, typer.Option(help="Jobs away from the table (all by default)")
+    ] = None,
+    url: UrlOption = "http://127.0.0.1:8765",
+    token: TokenOption = None,
+) -> None:
+    """Show the jobs and tables a table comes from (or feeds) as a tree."""
+    try:
+        with _client(url, token) as ms:
+            graph = ms.lineage(table, direction=direction, depth=depth)
+    except MetaServiceError as exc:
+        raise _fail(str(exc)) from exc
+    kinds = {n.id: n for n in graph.nodes}
+    parents: dict[str, list[str]] = {}
+    children: dict[str, list[str]] = {}
+    for e in graph.edges:
+        parents.setdefault(e.target, []).append(e.source)
+        children.setdefault(e.source, []).append(e.target)
+
+    def label(node_id: str) -> str:
+        node = kinds[node_id]
+        return f"[cyan]{node.name}[/]" if node.kind == "table" else f"[yellow]job {node.name}[/]"
+
+    def grow(tree: Tree, node_id: str, links: dict[str, list[str]], seen: frozenset[str]) -> None:
+        for nxt in sorted(links.get(node_id, [])):
+            if nxt not in seen:
+                grow(tree.add(label(nxt)), nxt, links, seen | {nxt})
+
+    if direction in ("upstream", "both"):
+        up = Tree(f"{label(graph.root)} [dim]comes from[/]")
+        grow(up, graph.root, parents, frozenset({graph.root}))
+        console.print(up)
+    if direction in ("downstream", "both"):
+        down = Tree(f"{label(graph.root)} [dim]feeds[/]")
+        grow(down, graph.root, children, frozenset({graph.root}))
+        console.print(down)
+
+
+@app.command()
+def consistent(
+    tables: Annotated[list[str], typer.Argument(help="Table identifiers")],
+    at_or_before: Annotated[
+        int | None, typer.Option(help="Latest version at or before this barrier")
+    ] = None,
+    lease_seconds: Annotated[
+        int | None, typer.Option(help="Pin the snapshots for this long")
+    ] = None,
+    url: UrlOption = "http://127.0.0.1:8765",
+    token: TokenOption = None,
+) -> None:
+    """Show the snapshots of several tables that belong together."""
+    try:
+        with _client(url, token) as ms:
+            version = ms.consistent_version(
+                tables, at_or_before=at_or_before, lease_seconds=lease_seconds
+            )
+    except MetaServiceError as exc:
+        raise _fail(str(exc)) from exc
+    table = RichTable(
+        title=f"consistent version at barrier {version.barrier} ({_time(version.barrier)})"
+    )
+    table.add_column("table")
+    table.add_column("snapshot")
+    for name, snapshot in sorted(version.snapshots.items()):
+        table.add_row(name, str(snapshot) if snapshot is not None else "(empty)")
+    console.print(table)
+    if version.lease_id:
+        console.print(f"lease {version.lease_id} until {_time(version.lease_expires_ms)}")
+
+
+@app.command()
+def delay(
+    table: Annotated[str, typer.Argument(help="Table identifier")],
+    url: UrlOption = "http://127.0.0.1:8765",
+    token: TokenOption = None,
+) -> None:
+    """Show how late a table is and which upstream job is to blame."""
+    try:
+        with _client(url, token) as ms:
+            d = ms.delay(table)
+    except MetaServiceError as exc:
+        raise _fail(str(exc)) from exc
+    console.print(
+        f"[bold]{d.table}[/] is {_duration(d.delay_ms)} behind (frontier {_time(d.frontier)})"
+    )
+    path = RichTable(title="critical path (contributions add up to the delay)")
+    for col in ("job", "writes", "waits on", "contribution"):
+        path.add_column(col)
+    for lag in d.critical_path:
+        path.add_row(
+            lag.job, lag.output, lag.slowest_input or "(wall clock)", _duration(lag.contribution_ms)
+        )
+    console.print(path)
+
+
+@app.command()
+def expirable(
+    table: Annotated[str, typer.Argument(help="Table identifier")],
+    url: UrlOption = "http://127.0.0.1:8765",
+    token: TokenOption = None,
+) -> None:
+    """Show which snapshots of a table may be expired and why the others are kept."""
+    try:
+        with _client(url, token) as ms:
+            plan = ms.expirable(table)
+    except MetaServiceError as exc:
+        raise _fail(str(exc)) from exc
+    console.print(
+        f"{len(plan.expirable)} snapshots of {plan.table} may be expired; {len(plan.kept)} kept"
+    )
+    for s in plan.kept:
+        console.print(f"  keep {s.snapshot_id} (barrier {s.barrier}): {'; '.join(s.reasons)}")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,286 @@
+"""Typed Python client of the MetaService REST API (httpx).
+
+    >>> from metaservice.client import MetaServiceClient
+    >>> with MetaServiceClient("http://127.0.0.1:8765") as ms:   # doctest: +SKIP
+    ...     ms.put_job("enrich", inputs=["ods.orders"], outputs=["dwd.order_detail"])
+    ...     version = ms.consistent_version(["dwd.order_detail", "dws.item_revenue"])
+
+Errors:
+
+    MetaServiceError
+    ├── Unavailable            the service could not be reached (connection refused, timeout)
+    └── ApiError               the service answered 4xx/5xx; .status, .code, .message, .field
+        ├── InvalidRequest     400, 413, 422
+        ├── NotFoundError      404
+        └── ConflictError      409
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from metaservice.barriers.schemas import (
+    BatchBarrier,
+    CommitBatchResult,
+    CommitReport,
+    CommitResult,
+    NextBarrier,
+)
+from metaservice.delay.schemas import Delay
+from metaservice.lifecycle.schemas import ExpiryPlan
+from metaservice.lineage.schemas import LineageGraph, SnapshotLineage
+from metaservice.schemas_common import Page
+from metaservice.topology.schemas import JobEvent, JobView, SnapshotView, TableView
+from metaservice.versions.schemas import ConsistentVersion
+
+M = TypeVar("M", bound=BaseModel)
+
+__all__ = [
+    "ApiError",
+    "ConflictError",
+    "InvalidRequest",
+    "MetaServiceClient",
+    "MetaServiceError",
+    "NotFoundError",
+    "Unavailable",
+]
+
+
+class MetaServiceError(Exception):
+    """Anything that went wrong talking to the MetaService."""
+
+
+class Unavailable(MetaServiceError):
+    """The MetaService could not be reached."""
+
+
+class ApiError(MetaServiceError):
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(f"{status} {code}: {message}" + (f" (field {field})" if field else ""))
+        self.status = status
+        self.code = code
+        self.message = message
+        self.field = field
+
+
+class InvalidRequest(ApiError):
+    pass
+
+
+class NotFoundError(ApiError):
+    pass
+
+
+class ConflictError(ApiError):
+    pass
+
+
+def _error_for(response: httpx.Response) -> ApiError:
+    try:
+        body = response.json()
+    except ValueError:
+        body = {}
+    if not isinstance(body, dict):
+        body = {}
+    status = response.status_code
+    cls = {404: NotFoundError, 409: ConflictError}.get(status)
+    if cls is None:
+        cls = InvalidRequest if status in (400, 413, 422) else ApiError
+    return cls(
+        status,
+        str(body.get("code", "http_error")),
+        str(body.get("message", response.text[:300] or response.reason_phrase)),
+        body.get("field"),
+    )
+
+
+class MetaServiceClient:
+    """One connection pool to one MetaService. Thread-safe; close it or use ``with``."""
+
+    def __init__(
+        self,
+        url: str = "http://127.0.0.1:8765",
+        *,
+        token: str | None = None,
+        timeout: float = 10.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(
+            base_url=self.url + "/api/v1", headers=headers, timeout=timeout, transport=transport
+        )
+        self._root = httpx.Client(
+            base_url=self.url, headers=headers, timeout=timeout, transport=transport
+        )
+
+    def __enter__(self) -> MetaServiceClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+        self._root.close()
+
+    # -- plumbing ---------------------------------------------------------
+    def _request(self, method: str, path: str, *, root: bool = False, **kwargs: Any) -> Any:
+        client = self._root if root else self._http
+        try:
+            response = client.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise Unavailable(f"MetaService at {self.url} is unreachable: {exc}") from exc
+        if response.status_code >= 400:
+            raise _error_for(response)
+        if response.status_code == 204 or not response.content:
+            return None
+        return response.json()
+
+    def _get(self, model: type[M], path: str, **params: Any) -> M:
+        clean = {k: v for k, v in params.items() if v is not None}
+        return model.model_validate(self._request("GET", path, params=clean))
+
+    # -- topology ---------------------------------------------------------
+    def put_job(
+        self,
+        name: str,
+        *,
+        inputs: Sequence[str] = (),
+        outputs: Sequence[str],
+        description: str = "",
+    ) -> JobView:
+        """Register or update a job (409 ConflictError on a cycle or a second writer)."""
+        body = {"inputs": list(inputs), "outputs": list(outputs), "description": description}
+        return JobView.model_validate(self._request("PUT", f"/jobs/{name}", json=body))
+
+    def get_job(self, name: str) -> JobView:
+        return self._get(JobView, f"/jobs/{name}")
+
+    def list_jobs(self, limit: int = 100, offset: int = 0) -> Page[JobView]:
+        return self._get(Page[JobView], "/jobs", limit=limit, offset=offset)
+
+    def all_jobs(self) -> list[JobView]:
+        return _all_pages(lambda off: self.list_jobs(limit=500, offset=off))
+
+    def job_event(self, name: str, event: JobEvent) -> JobView:
+        body = event.model_dump(exclude_none=True)
+        return JobView.model_validate(self._request("POST", f"/jobs/{name}/events", json=body))
+
+    def get_table(self, name: str) -> TableView:
+        return self._get(TableView, f"/tables/{name}")
+
+    def list_tables(self, limit: int = 100, offset: int = 0) -> Page[TableView]:
+        return self._get(Page[TableView], "/tables", limit=limit, offset=offset)
+
+    def all_tables(self) -> list[TableView]:
+        return _all_pages(lambda off: self.list_tables(limit=500, offset=off))
+
+    def table_snapshots(
+        self,
+        name: str,
+        *,
+        from_barrier: int | None = None,
+        to_barrier: int | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> Page[SnapshotView]:
+        return self._get(
+            Page[SnapshotView],
+            f"/tables/{name}/snapshots",
+            from_barrier=from_barrier,
+            to_barrier=to_barrier,
+            limit=limit,
+            offset=offset,
+        )
+
+    # -- barriers and commits -------------------------------------------
+    def batch_barrier(self, job: str, batch_id: int) -> BatchBarrier:
+        """The barrier of a Spark batch (the same answer when the batch is replayed)."""
+        data = self._request("POST", f"/jobs/{job}/batches/{batch_id}/barrier")
+        return BatchBarrier.model_validate(data)
+
+    def next_barrier(self, job: str) -> NextBarrier:
+        return self._get(NextBarrier, f"/jobs/{job}/next-barrier")
+
+    def report_commit(
+        self, job: str, batch_id: int, barrier: int, table: str, snapshot_id: int | None
+    ) -> CommitResult:
+        report = CommitReport(
+            job=job, batch_id=batch_id, barrier=barrier, table=table, snapshot_id=snapshot_id
+        )
+        data = self._request("POST", "/commits", json=report.model_dump())
+        return CommitResult.model_validate(data)
+
+    def report_commits(self, reports: Iterable[CommitReport | dict[str, Any]]) -> CommitBatchResult:
+        """Many reports in one request, all or nothing."""
+        body = {
+            "commits": [r.model_dump() if isinstance(r, CommitReport) else dict(r) for r in reports]
+        }
+        return CommitBatchResult.model_validate(self._request("POST", "/commits/batch", json=body))
+
+    # -- queries -----------------------------------------------------------
+    def consistent_version(
+        self,
+        tables: Sequence[str],
+        *,
+        at_or_before: int | None = None,
+        lease_seconds: int | None = None,
+    ) -> ConsistentVersion:
+        """Snapshots of ``tables`` that belong together (409 ConflictError while none exists)."""
+        return self._get(
+            ConsistentVersion,
+            "/versions/consistent",
+            tables=",".join(tables),
+            at_or_before=at_or_before,
+            lease_seconds=lease_seconds,
+        )
+
+    def create_lease(
+        self, tables: Sequence[str], lease_seconds: int, at_or_before: int | None = None
+    ) -> ConsistentVersion:
+        body = {"tables": list(tables), "lease_seconds": lease_seconds}
+        if at_or_before is not None:
+            body["at_or_before"] = at_or_before
+        return ConsistentVersion.model_validate(self._request("POST", "/leases", json=body))
+
+    def delete_lease(self, lease_id: str) -> None:
+        self._request("DELETE", f"/leases/{lease_id}")
+
+    def lineage(
+        self, table: str, *, direction: str = "both", depth: int | None = None
+    ) -> LineageGraph:
+        return self._get(LineageGraph, "/lineage", table=table, direction=direction, depth=depth)
+
+    def snapshot_lineage(self, table: str, snapshot_id: int) -> SnapshotLineage:
+        return self._get(SnapshotLineage, f"/lineage/snapshots/{table}/{snapshot_id}")
+
+    def delay(self, table: str) -> Delay:
+        return self._get(Delay, "/delay", table=table)
+
+    def expirable(self, table: str) -> ExpiryPlan:
+        return self._get(ExpiryPlan, f"/tables/{table}/expirable")
+
+    # -- operations --------------------------------------------------------
+    def health(self) -> bool:
+        try:
+            self._request("GET", "/healthz", root=True)
+        except MetaServiceError:
+            return False
+        return True
+
+    def ready(self) -> dict[str, Any]:
+        return self._request("GET", "/readyz", root=True)  # type: ignore[no-any-return]
+
+
+def _all_pages(fetch: Any) -> list[Any]:
+    items: list[Any] = []
+    while True:
+        page = fetch(len(items))
+        items.extend(page.items)
+        if not page.items or len(items) >= page.total:
+            return items

@@ -1,0 +1,89 @@
+"""Fixtures shared by every test: databases (SQLite and PostgreSQL), a manual clock,
+and the service in-process.
+
+PostgreSQL tests read the server's URL from METASERVICE_TEST_PG_URL (``.ci/run``
+sets it). Each test gets its own schema there, so tests never see each other's rows.
+Without the variable they are skipped, except under CI=true, where that is an error.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from urllib.parse import quote
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
+
+from metaservice.app import create_app
+from metaservice.clock import ManualClock
+from metaservice.db import normalise_url
+from metaservice.migrate import upgrade
+from metaservice.settings import Settings
+
+PG_ENV = "METASERVICE_TEST_PG_URL"
+START_MS = 1_700_000_000_000  # on the 1 s grid
+
+
+def pg_base_url() -> str | None:
+    url = os.environ.get(PG_ENV)
+    if not url:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{PG_ENV} is not set; CI must run the PostgreSQL tests")
+        return None
+    return normalise_url(url)
+
+
+def _with_search_path(url: str, schema: str) -> str:
+    joiner = "&" if "?" in url else "?"
+    return f"{url}{joiner}options={quote(f'-csearch_path={schema}')}"
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL schema for one test, dropped afterwards."""
+    base = pg_base_url()
+    if base is None:
+        pytest.skip(f"set {PG_ENV} to run the PostgreSQL tests")
+    schema = "t_" + uuid.uuid4().hex[:12]
+    admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f"CREATE SCHEMA {schema}"))
+    try:
+        yield _with_search_path(base, schema)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
+        admin.dispose()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path) -> str:  # type: ignore[no-untyped-def]
+    return f"sqlite:///{tmp_path / 'metaservice.db'}"
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request) -> str:  # type: ignore[no-untyped-def]
+    """An empty database of each kind, migrated to head by ``alembic upgrade``."""
+    url = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
+    upgrade(url)
+    return url  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(START_MS)
+
+
+@pytest.fixture
+def settings(db_url: str) -> Settings:
+    return Settings(db_url=db_url)
+
+
+@pytest.fixture
+def client(settings: Settings, clock: ManualClock) -> Iterator[TestClient]:
+    """The service in-process (ASGI), on a manual clock, with its lifespan run."""
+    with TestClient(create_app(settings, clock), raise_server_exceptions=False) as c:
+        yield c
