@@ -140,20 +140,27 @@ class BodyLimit:
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             await self._refuse(send)
             return
+        # Read the whole body here, before any handler runs: an error raised from receive()
+        # inside the app reaches FastAPI wrapped in an ExceptionGroup (BaseHTTPMiddleware's
+        # task group), and FastAPI answers any such error while reading the body with a 400.
+        buffered: list[Message] = []
         received = 0
-
-        async def limited() -> Message:
-            nonlocal received
+        while True:
             message = await receive()
+            buffered.append(message)
+            if message["type"] != "http.request":
+                break
             received += len(message.get("body", b""))
             if received > self.max_bytes:
-                raise _TooLarge()
-            return message
+                await self._refuse(send)
+                return
+            if not message.get("more_body", False):
+                break
 
-        try:
-            await self.app(scope, limited, send)
-        except _TooLarge:
-            await self._refuse(send)
+        async def replay() -> Message:
+            return buffered.pop(0) if buffered else await receive()
+
+        await self.app(scope, replay, send)
 
     async def _refuse(self, send: Send) -> None:
         response = _error(
@@ -161,7 +168,3 @@ class BodyLimit:
         )
         await send({"type": "http.response.start", "status": 413, "headers": response.raw_headers})
         await send({"type": "http.response.body", "body": response.body})
-
-
-class _TooLarge(Exception):
-    pass

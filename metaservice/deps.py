@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from fastapi import Query, Request
 
+from metaservice.barriers.schemas import MAX_SIGNED_64
 from metaservice.context import Context
 from metaservice.db import Database
 from metaservice.errors import TooLarge
@@ -30,7 +31,7 @@ class Paging:
 def paging(
     request: Request,
     limit: int = Query(100, ge=1, description="Items per page"),
-    offset: int = Query(0, ge=0, description="Items to skip"),
+    offset: int = Query(0, ge=0, le=MAX_SIGNED_64, description="Items to skip"),
 ) -> Paging:
     most = services(request).ctx.settings.max_page_size
     if limit > most:

@@ -86,6 +86,10 @@ DEFAULT_COMMIT_ATTEMPTS = 5
 _BACKOFF_BASE_S = 0.1
 _BACKOFF_MAX_S = 2.0
 _FOOTER_READ_THREADS = 8
+# pyiceberg guarantees a commit failing with these did not land (it cleans up its
+# manifests), so the commit may be retried and files written for it deleted. A
+# ValidationException is a conflicting concurrent change: an upsert re-plans.
+_NOT_LANDED = (CommitFailedException, ValidationException)
 # Operations that only add rows (or rewrite them without changing content): an
 # incremental append read over them is exact.
 _APPEND_ONLY_OPERATIONS = frozenset({Operation.APPEND, Operation.REPLACE})
@@ -331,16 +335,16 @@ def _require_append_only(table: Table, after: int | None, upto: int) -> None:
     if upto_snap is None:
         raise ValueError(f"snapshot {upto} not found in table {table.name()}")
     for snap in ancestors_of(upto_snap, table.metadata):
-        if snap.snapshot_id == after:
-            return
         operation = snap.summary.operation if snap.summary else None
         if operation not in _APPEND_ONLY_OPERATIONS:
             raise ValueError(
                 f"snapshot {snap.snapshot_id} of {table.name()} is a {operation} snapshot; "
                 "incremental reads need an append-only range"
             )
-    if after is not None:
-        raise ValueError(f"snapshot {after} is not an ancestor of snapshot {upto}")
+        # Comparing with the parent also accepts an `after` that was since expired.
+        if snap.parent_snapshot_id == after:
+            return
+    raise ValueError(f"snapshot {after} is not an ancestor of snapshot {upto}")
 
 
 def _read_files(spark: SparkSession, table: Table, paths: Sequence[str]) -> DataFrame:
@@ -380,11 +384,14 @@ def commit_batch(
     them and adds the rewritten files plus the batch. Files without batch keys are
     left untouched.
 
+    `table` is refreshed in place first (a caller may hold it across batches).
     A concurrent commit to the table (`CommitFailedException`, or for upserts a
     conflicting concurrent change) is retried up to `max_attempts` times with
     exponential backoff, re-planning the upsert against the refreshed table.
     """
     keys = _check_mode(mode, key_columns, table)
+    if max_attempts < 1:
+        raise ValueError("max_attempts must be at least 1")
     table.refresh()
     existing = find_batch_snapshot(table, job, batch_id)
     if existing is not None:
@@ -393,7 +400,7 @@ def commit_batch(
     stamp = {SUMMARY_BARRIER: str(barrier), SUMMARY_JOB: job, SUMMARY_BATCH: str(batch_id)}
     folder = f"{table.location()}/data/batch-{_safe(job)}-{batch_id}-{uuid.uuid4().hex}"
 
-    rows = spark_df.select(*_column_names(table))
+    rows = spark_df.select(*_check_columns(spark_df, table))
     if keys:
         rows = _last_row_per_key(rows, keys)
     added = _write_data_files(rows, folder, table)
@@ -402,29 +409,31 @@ def commit_batch(
         return None
 
     def should_stop() -> int | None:
-        # Another driver running the same batch (a zombie after failover) may have won.
-        return find_batch_snapshot(table, job, batch_id)
+        # Another driver running the same batch (a zombie after failover) may have
+        # won the race; re-checked before every retry of ours (pyiceberg's own
+        # in-commit retries of a stale fast append do not check this).
+        done = find_batch_snapshot(table, job, batch_id)
+        if done is not None:
+            _delete_folder(folder)  # our attempts did not land: nothing references it
+        return done
 
-    if not keys:
-        return _with_retries(
-            table,
-            max_attempts,
-            (CommitFailedException,),
-            should_stop,
-            lambda _: _commit_files(table, stamp, added, []),
-        )
-    return _with_retries(
-        table,
-        max_attempts,
-        (CommitFailedException, ValidationException),
-        should_stop,
-        lambda n: _upsert_attempt(
-            spark_df.sparkSession, table, stamp, added, keys, f"{folder}/rewrite-{n}"
-        ),
-    )
+    def attempt(n: int) -> int:
+        if not keys:
+            return _commit_files(table, stamp, added, [])
+        rewrite_folder = f"{folder}/rewrite-{n}"
+        return _upsert_attempt(spark_df.sparkSession, table, stamp, added, keys, rewrite_folder)
+
+    try:
+        return _with_retries(table, max_attempts, should_stop, attempt)
+    except _NOT_LANDED:
+        _delete_folder(folder)
+        raise
 
 
 def _check_mode(mode: str, key_columns: Sequence[str] | None, table: Table) -> list[str]:
+    if not table.spec().is_unpartitioned():
+        # Spark writes plain files with no Iceberg partition values to commit them under.
+        raise ValueError(f"table {table.name()} is partitioned; only unpartitioned is supported")
     if mode == "append":
         if key_columns:
             raise ValueError("key_columns are only used with mode='upsert'")
@@ -439,17 +448,29 @@ def _check_mode(mode: str, key_columns: Sequence[str] | None, table: Table) -> l
     return list(key_columns)
 
 
+def _check_columns(df: DataFrame, table: Table) -> list[str]:
+    # Refuse rather than drop or null-fill: a mismatch is a pipeline bug, and this
+    # layer does not evolve table schemas.
+    columns = _column_names(table)
+    extra, missing = set(df.columns) - set(columns), set(columns) - set(df.columns)
+    if extra or missing:
+        raise ValueError(
+            f"batch columns do not match table {table.name()}: "
+            f"not in the table {sorted(extra)}, missing from the batch {sorted(missing)}"
+        )
+    return columns
+
+
 def _with_retries(
     table: Table,
     max_attempts: int,
-    retry_on: tuple[type[Exception], ...],
     should_stop: Callable[[], int | None],
     attempt: Callable[[int], int],
 ) -> int:
     for n in range(max_attempts):
         try:
             return attempt(n)
-        except retry_on as exc:
+        except _NOT_LANDED as exc:
             if n + 1 >= max_attempts:
                 raise
             delay = min(_BACKOFF_MAX_S, _BACKOFF_BASE_S * 2**n) * random.uniform(1.0, 1.5)
@@ -465,7 +486,7 @@ def _with_retries(
             table.refresh()
             if (done := should_stop()) is not None:
                 return done
-    raise AssertionError("unreachable")  # max_attempts < 1
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def _commit_files(
@@ -475,14 +496,10 @@ def _commit_files(
     txn = table.transaction()
     _ensure_name_mapping(txn)
     update = txn.update_snapshot(snapshot_properties=stamp)
-    if deleted:
-        producer: Any = update.overwrite()
-        # Without a predicate pyiceberg's overwrite only inspects manifests matching
-        # the deleted files' partitions, which an unpartitioned spec never matches;
-        # AlwaysTrue makes it look at every manifest (it still deletes only `deleted`).
-        producer.delete_by_predicate(AlwaysTrue())
-    else:
-        producer = update.fast_append()
+    # An overwrite validates against concurrent commits (serializable: any data
+    # file added meanwhile, or any of `deleted` gone, is a ValidationException);
+    # a fast append needs no validation.
+    producer: Any = update.overwrite() if deleted else update.fast_append()
     with producer:
         for data_file in deleted:
             producer.delete_data_file(data_file)
@@ -542,8 +559,7 @@ def _upsert_attempt(
         )
         rewritten = _write_data_files(kept, rewrite_folder, table)
         return _commit_files(table, stamp, batch_files + rewritten, affected)
-    except (CommitFailedException, ValidationException):
-        # pyiceberg guarantees these commits did not land: the rewrite is garbage.
+    except _NOT_LANDED:
         _delete_folder(rewrite_folder)
         raise
 
@@ -604,7 +620,10 @@ def _key_range_filter(
             continue
         bounds = _column_bounds(batch_files, field)
         if bounds is not None:
-            expr = And(expr, GreaterThanOrEqual(key, bounds[0]), LessThanOrEqual(key, bounds[1]))
+            # mypy sees pydantic's generated signature, not the (term, literal) __init__.
+            low = GreaterThanOrEqual(key, bounds[0])  # type: ignore[call-arg, arg-type]
+            high = LessThanOrEqual(key, bounds[1])  # type: ignore[call-arg, arg-type]
+            expr = And(expr, low, high)
     return expr
 
 

@@ -35,7 +35,7 @@ Record framing (all integers little-endian)
     offset  size  field
     0       4     length   payload length in bytes (u32, 1 .. MAX_PAYLOAD_BYTES)
     4       4     crc      zlib.crc32 over bytes 0..3 (length), 8..15 (seq) and the payload
-    8       8     seq      sequence number (u64), +1 per record, never reused while acked
+    8       8     seq      sequence number (u64): +1 per record; new ones exceed the acked one
     16      len   payload  UTF-8 JSON object (compact separators, no NaN/Infinity)
 
 The CRC covers the length and the sequence number as well as the payload, so a flipped

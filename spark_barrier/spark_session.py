@@ -7,6 +7,9 @@ pyiceberg's `add_files`) rejects.
 
 from __future__ import annotations
 
+import os
+import sys
+
 from pyspark.sql import SparkSession
 
 PARQUET_TIMESTAMP_TYPE_KEY = "spark.sql.parquet.outputTimestampType"
@@ -19,12 +22,15 @@ def local_spark_builder(
     """Configure a `SparkSession.builder` for a small local session (tests, examples).
 
     `local[2]`, no UI, two shuffle partitions (the default 200 makes tiny jobs slow),
-    UTC session time zone, TIMESTAMP_MICROS Parquet output and a loopback driver
-    address (so a machine whose hostname does not resolve still works).
+    UTC session time zone, TIMESTAMP_MICROS Parquet output, Python workers on the
+    driver's interpreter and a loopback driver address (so a machine whose hostname does not resolve still works).
 
     Pass `builder` to add these settings to a builder you already configured; the
     builder is returned so further `.config(...)` calls chain.
     """
+    # PySpark's SparkContext picks the worker interpreter from PYSPARK_PYTHON (else
+    # `python3` on PATH, which may lack pyarrow/pyiceberg); the conf alone is not enough.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     base = builder if builder is not None else SparkSession.builder
     return (
         base.appName(app_name)
@@ -35,4 +41,10 @@ def local_spark_builder(
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.driver.host", "127.0.0.1")
+        # Python workers run the driver's interpreter: the barrier source and the
+        # sink's helpers need the same packages (pyiceberg, pyarrow) on both sides.
+        .config("spark.pyspark.python", sys.executable)
+        # Python workers (barrier sources, foreachBatch) must connect back within this;
+        # the default 15 s is too short on a loaded 2-core machine.
+        .config("spark.python.authenticate.socketTimeout", "120s")
     )

@@ -164,13 +164,19 @@ class _ReportScope:
     """Looks up each job and table once per request, and locks jobs in name order
     so that two requests touching the same jobs never deadlock."""
 
-    def __init__(self, session: Session, reports: Sequence[CommitReport]) -> None:
+    def __init__(
+        self, session: Session, reports: Sequence[CommitReport], field_prefix: str = ""
+    ) -> None:
         self.session = session
         self.tables = topo.tables_by_names(session, sorted({r.table for r in reports}))
         self.jobs: dict[str, Job] = {}
         self.outputs: dict[int, int] = {}
-        for name in sorted({r.job for r in reports}):
-            job = repo.lock_job(session, topo.require_job(session, name).id)
+        first: dict[str, int] = {}  # job -> index of its first report, for the error field
+        for index, r in enumerate(reports):
+            first.setdefault(r.job, index)
+        for name in sorted(first):
+            field = f"{field_prefix}{first[name]}.job" if field_prefix else "job"
+            job = repo.lock_job(session, topo.require_job(session, name, field=field).id)
             self.jobs[name] = job
             self.outputs[job.id] = topo.count_outputs(session, job.id)
 
@@ -184,7 +190,7 @@ def report_commits(
     session: Session, ctx: Context, reports: Sequence[CommitReport], *, field_prefix: str = ""
 ) -> CommitBatchResult:
     """Record commit reports, all or nothing: one bad report refuses the whole request."""
-    scope = _ReportScope(session, reports)
+    scope = _ReportScope(session, reports, field_prefix)
     newest = max(ctx.now_slot(), repo.clock(session).last_issued)
     results = []
     for index, report in enumerate(reports):

@@ -1,7 +1,8 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Path, Query
 
+from metaservice.barriers.schemas import MAX_SIGNED_64
 from metaservice.deps import Services, services
 from metaservice.lineage import service
 from metaservice.lineage.schemas import LineageGraph, SnapshotLineage
@@ -22,7 +23,9 @@ def lineage(
 
 @router.get("/lineage/snapshots/{table}/{snapshot_id}", response_model=SnapshotLineage)
 def snapshot_lineage(
-    table: str, snapshot_id: int, s: Services = Depends(services)
+    table: str,
+    snapshot_id: int = Path(ge=-MAX_SIGNED_64 - 1, le=MAX_SIGNED_64),
+    s: Services = Depends(services),
 ) -> SnapshotLineage:
     """Which job, batch and barrier made a snapshot, and which input snapshots it consumed."""
     return s.db.read(lambda session: service.snapshot_lineage(session, table, snapshot_id))

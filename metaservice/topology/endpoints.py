@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Path, Query, Response
 
+from metaservice.barriers.schemas import MAX_SIGNED_64
 from metaservice.deps import Paging, Services, paging, services
 from metaservice.names import JOB_PATTERN
 from metaservice.schemas_common import Page
@@ -54,8 +55,12 @@ def get_table(table: str, s: Services = Depends(services)) -> TableView:
 @router.get("/tables/{table}/snapshots", response_model=Page[SnapshotView])
 def table_snapshots(
     table: str,
-    from_barrier: int | None = Query(None, ge=0, description="Only barriers >= this"),
-    to_barrier: int | None = Query(None, ge=0, description="Only barriers <= this"),
+    from_barrier: int | None = Query(
+        None, ge=0, le=MAX_SIGNED_64, description="Only barriers >= this"
+    ),
+    to_barrier: int | None = Query(
+        None, ge=0, le=MAX_SIGNED_64, description="Only barriers <= this"
+    ),
     page: Paging = Depends(paging),
     s: Services = Depends(services),
 ) -> Page[SnapshotView]:

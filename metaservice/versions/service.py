@@ -65,7 +65,8 @@ def consistent_version(
     tables, jobs = writers_of(session, names)
     limit = min(fr.frontiers(session, ctx, list(jobs.values())).values())
     if at_or_before is not None:
-        limit = min(limit, at_or_before)
+        # the largest barrier at or before it: barriers lie on the clock's grid
+        limit = min(limit, at_or_before - at_or_before % ctx.interval)
     derived = sorted(j.id for j in jobs.values() if j.kind == DERIVED)
     barrier = _common_exact_barrier(session, derived, limit)
     if barrier is None or barrier <= 0:

@@ -6,6 +6,7 @@ import datetime as dt
 import time
 from collections.abc import Iterator
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -36,6 +37,7 @@ from spark_barrier.iceberg_io import (
     snapshot_barrier,
     spark_schema_to_arrow,
 )
+from spark_barrier.spark_session import PARQUET_TIMESTAMP_TYPE_KEY
 
 pytestmark = pytest.mark.spark
 
@@ -55,6 +57,10 @@ def _kv(spark: SparkSession, rows: list[tuple[int, str]]) -> DataFrame:
     return spark.createDataFrame(rows, KV)
 
 
+def _micros(ts: dt.datetime) -> int:
+    return (ts - dt.datetime(1970, 1, 1, tzinfo=UTC)) // dt.timedelta(microseconds=1)
+
+
 def _commit(df: DataFrame, table: Table, batch: int, **kw: Any) -> int | None:
     return commit_batch(df, table, barrier=1_000 * batch, job="job", batch_id=batch, **kw)
 
@@ -62,7 +68,7 @@ def _commit(df: DataFrame, table: Table, batch: int, **kw: Any) -> int | None:
 # --------------------------------------------------------------------------- schemas
 
 
-def test_spark_schema_maps_to_arrow_and_back() -> None:
+def test_spark_schema_maps_to_arrow() -> None:
     spark_schema = T.StructType(
         [
             T.StructField("l", T.LongType(), False),
@@ -161,14 +167,15 @@ def test_timestamps_round_trip_as_int64_micros(spark: SparkSession, catalog: Cat
         dt.datetime(1999, 12, 31, 0, 0, 0, 1, tzinfo=UTC),
     ]
     table = ensure_table(catalog, "dw.events", schema)
+    # A session left at Spark's default (INT96) is switched to micros by the writer.
+    spark.conf.set(PARQUET_TIMESTAMP_TYPE_KEY, "INT96")
 
     sid = _commit(spark.createDataFrame(list(enumerate(stamps)), schema), table, 1)
 
-    got = [
-        r["ts"].replace(tzinfo=UTC)
-        for r in read_snapshot(spark, table, sid).orderBy("id").collect()
-    ]
-    assert got == stamps  # session time zone is UTC, microseconds kept
+    assert spark.conf.get(PARQUET_TIMESTAMP_TYPE_KEY) == "TIMESTAMP_MICROS"
+    # Compared as epoch micros so the test does not depend on the process's time zone.
+    got = read_snapshot(spark, table, sid).orderBy("id").select(F.unix_micros("ts")).collect()
+    assert [r[0] for r in got] == [_micros(s) for s in stamps]
     assert [
         r["ts"] for r in sorted(table.scan().to_arrow().to_pylist(), key=lambda r: r["id"])
     ] == stamps
@@ -187,6 +194,17 @@ def test_empty_batch_makes_no_snapshot(spark: SparkSession, catalog: Catalog) ->
     assert [s.snapshot_id for s in table.snapshots()] == [first]
     assert read_snapshot(spark, table, None).schema == iceberg_schema_to_spark(table.schema())
     assert read_snapshot(spark, table, None).count() == 0
+
+
+def test_batch_columns_must_match_the_table(spark: SparkSession, catalog: Catalog) -> None:
+    table = _kv_table(catalog)
+    with pytest.raises(ValueError, match=r"not in the table \['extra'\]"):
+        _commit(_kv(spark, [(1, "a")]).withColumn("extra", F.lit(1)), table, 1)
+    with pytest.raises(ValueError, match=r"missing from the batch \['v'\]"):
+        _commit(_kv(spark, [(1, "a")]).drop("v"), table, 1)
+    with pytest.raises(ValueError, match="key_columns"):
+        _commit(_kv(spark, [(1, "a")]), table, 1, mode="upsert")
+    assert table.snapshots() == []
 
 
 def test_replayed_batch_is_found_and_skipped(spark: SparkSession, catalog: Catalog) -> None:
@@ -267,6 +285,16 @@ def test_upsert_keeps_latest_value_and_untouched_files(
         read_appended(spark, table, None, s3)
 
 
+def test_upsert_treats_null_as_a_key(spark: SparkSession, catalog: Catalog) -> None:
+    table = _kv_table(catalog)
+    up: dict[str, Any] = {"mode": "upsert", "key_columns": ["id"]}
+    _commit(spark.createDataFrame([(None, "old"), (1, "one")], KV), table, 1, **up)
+    sid = _commit(spark.createDataFrame([(None, "new")], KV), table, 2, **up)
+
+    rows = read_snapshot(spark, table, sid).collect()
+    assert len(rows) == 2 and {r["id"]: r["v"] for r in rows} == {None: "new", 1: "one"}
+
+
 @pytest.mark.slow
 def test_upsert_of_a_million_rows(spark: SparkSession, catalog: Catalog) -> None:
     table = ensure_table(
@@ -332,14 +360,17 @@ def concurrent_commit(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
     yield races
 
 
-def _other_writer_appends(catalog: Catalog, rows: list[tuple[int, str]]) -> Any:
+def _other_writer_appends(
+    catalog: Catalog, rows: list[tuple[int, str]], stamp: dict[str, str] | None = None
+) -> Any:
     def append() -> None:
         other = catalog.load_table("dw.kv")  # another driver's Table object
         other.append(
             pa.table(
                 {"id": [r[0] for r in rows], "v": [r[1] for r in rows]},
                 schema=pa.schema([("id", pa.int64()), ("v", pa.string())]),
-            )
+            ),
+            snapshot_properties=stamp or {},
         )
 
     return append
@@ -395,3 +426,21 @@ def test_commit_gives_up_after_bounded_attempts(
         _commit(_kv(spark, [(1, "a")]), table, 1, max_attempts=2)
 
     assert find_batch_snapshot(table, "job", 1) is None
+    # The files written for the batch are gone; only the other writer's remain.
+    data = Path(urlparse(table.location()).path) / "data"
+    assert data.is_dir() and not list(data.glob("batch-*"))
+
+
+def test_retry_stops_when_another_driver_committed_the_batch(
+    spark: SparkSession, catalog: Catalog, concurrent_commit: list[Any]
+) -> None:
+    table = _kv_table(catalog)
+    _disable_pyiceberg_retries(table)
+    stamp = {SUMMARY_BARRIER: "1000", SUMMARY_JOB: "job", SUMMARY_BATCH: "1"}
+    concurrent_commit.append(_other_writer_appends(catalog, [(1, "a")], stamp))
+
+    sid = _commit(_kv(spark, [(1, "a")]), table, 1)  # the same batch, replayed by a zombie
+
+    assert [s.snapshot_id for s in table.snapshots()] == [sid]
+    assert _rows(read_snapshot(spark, table, sid)) == [(1, "a")]
+    assert not list((Path(urlparse(table.location()).path) / "data").glob("batch-*"))

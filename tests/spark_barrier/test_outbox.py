@@ -8,6 +8,7 @@ import shutil
 import tempfile
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,8 +73,6 @@ def test_frame_layout_is_the_documented_one() -> None:
     assert frame[8:16] == (7).to_bytes(8, "little")
     assert frame[HEADER_BYTES:] == payload
     # The CRC covers length, sequence number and payload.
-    import zlib
-
     assert crc == zlib.crc32(frame[:4] + frame[8:16] + payload)
 
 
@@ -449,13 +448,22 @@ def test_concurrent_appends_get_unique_ordered_sequence_numbers(tmp_path: Path) 
 # --------------------------------------------------------------------------- fsync modes
 
 
+def counting(synced: list[int]) -> Callable[[int], None]:
+    real = outbox_mod._datasync
+
+    def datasync(fd: int) -> None:
+        synced.append(fd)
+        real(fd)
+
+    return datasync
+
+
 def test_always_mode_fsyncs_before_append_returns(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     synced: list[int] = []
-    real = outbox_mod._datasync
     with Outbox(tmp_path) as box:
-        monkeypatch.setattr(outbox_mod, "_datasync", lambda fd: (synced.append(fd), real(fd)))
+        monkeypatch.setattr(outbox_mod, "_datasync", counting(synced))
         for i in range(5):
             seq = box.append(report(i))
             assert box.durable_seq == seq
@@ -466,8 +474,7 @@ def test_interval_mode_syncs_in_the_background(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     synced: list[int] = []
-    real = outbox_mod._datasync
-    monkeypatch.setattr(outbox_mod, "_datasync", lambda fd: (synced.append(fd), real(fd)))
+    monkeypatch.setattr(outbox_mod, "_datasync", counting(synced))
     with Outbox(tmp_path, fsync="interval", fsync_interval_s=0.05) as box:
         start = len(synced)
         for i in range(200):

@@ -1,0 +1,648 @@
+"""Benchmark the MetaService over HTTP on loopback, against a real service process.
+
+Writes (per database, SQLite and/or PostgreSQL):
+
+- barrier assignments per second (``POST /jobs/{job}/batches/{id}/barrier``), 1 and 16
+  concurrent clients, each client a thread with its own keep-alive ``httpx.Client`` and
+  its own source jobs (64 jobs, so clients never queue on one job row);
+- commit reports per second, single (``POST /commits``) and batched (``POST
+  /commits/batch`` with 100 or 500 reports), 1 and 16 clients. A report needs a batch
+  with a barrier, so barriers are assigned first (timed as above) and the reports after.
+
+Reads, on a topology of 10,000 jobs and 10,000 tables bulk-inserted with SQLAlchemy Core
+(a layered DAG: sources, then five derived layers, fan-in 1-3, five committed barriers
+with some jobs lagging one barrier behind):
+
+- ``GET /versions/consistent`` latency p50/p99 for random sets of 2, 10 and 50 tables;
+- ``GET /lineage`` upstream latency, depth unlimited and depth 3, from the top layers;
+- the first lineage call, which builds the service's cached graph of 20,000 nodes.
+
+Latencies are measured by one client, sequentially, and include HTTP and JSON on
+loopback. The service runs as ``uvicorn --factory metaservice.app:create_app`` (what
+``metaservice start`` runs), started and stopped by this script on a free port.
+
+Usage:
+    python -m bench.bench_service [--out bench/results/service.json] [--quick]
+                                  [--db sqlite|postgres|both] [--workers 1]
+PostgreSQL URL: --pg-url, else METASERVICE_TEST_PG_URL, else
+postgresql+psycopg://postgres@127.0.0.1:5432/test. Each part runs in its own schema,
+dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import signal
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from sqlalchemy import create_engine, insert, text, update
+
+from metaservice.db import make_engine, normalise_url
+from metaservice.migrate import upgrade
+from metaservice.models import DERIVED, SOURCE, Batch, ClockState, Commit, Job, JobInput, Table
+
+API = "/api/v1"
+INTERVAL_MS = 1000
+DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+WRITE_JOBS = 64
+
+
+# --------------------------------------------------------------------------- machine
+
+
+def machine_facts(pg_base: str | None, dbs: list[str]) -> dict[str, Any]:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    facts: dict[str, Any] = {
+        "nproc": os.cpu_count(),
+        "cpu_model": cpu,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "sqlite": sqlite3.sqlite_version,
+        "packages": {
+            p: _version(p)
+            for p in (
+                "fastapi",
+                "starlette",
+                "uvicorn",
+                "sqlalchemy",
+                "psycopg",
+                "httpx",
+                "pydantic",
+            )
+        },
+        "loadavg_at_start": _loadavg(),
+    }
+    if "postgres" in dbs and pg_base:
+        engine = create_engine(pg_base)
+        try:
+            with engine.connect() as conn:
+                facts["postgresql"] = conn.execute(text("SHOW server_version")).scalar_one()
+                facts["postgresql_settings"] = {
+                    name: conn.execute(text(f"SHOW {name}")).scalar_one()
+                    for name in ("synchronous_commit", "fsync", "shared_buffers", "max_connections")
+                }
+        finally:
+            engine.dispose()
+    return facts
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+    except OSError:
+        return None
+
+
+# --------------------------------------------------------------------------- databases
+
+
+@contextmanager
+def database(kind: str, pg_base: str, workdir: Path, name: str) -> Iterator[str]:
+    """An empty database of ``kind``, migrated to head; removed afterwards."""
+    if kind == "sqlite":
+        url = f"sqlite:///{workdir / (name + '.db')}"
+        upgrade(url)
+        yield url
+        return
+    schema = f"bench_{name}_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(pg_base, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f"CREATE SCHEMA {schema}"))
+    joiner = "&" if "?" in pg_base else "?"
+    url = f"{pg_base}{joiner}options={quote(f'-csearch_path={schema}')}"
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
+        admin.dispose()
+
+
+# --------------------------------------------------------------------------- the service
+
+
+@dataclass
+class Server:
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def service(db_url: str, workdir: Path, workers: int) -> Iterator[Server]:
+    """``uvicorn --factory metaservice.app:create_app`` on a free loopback port."""
+    port = _free_port()
+    log = workdir / f"service-{port}.log"
+    env = {**os.environ, "METASERVICE_DB_URL": db_url, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "uvicorn", "--factory", "metaservice.app:create_app"]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    cmd += ["--workers", str(workers)]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT)
+    server = Server(f"http://127.0.0.1:{port}", proc, log)
+    try:
+        deadline = time.monotonic() + 60
+        with httpx.Client(timeout=2) as http:
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"service exited: {log.read_text(errors='replace')}")
+                try:
+                    if http.get(server.url + "/readyz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"service not ready: {log.read_text(errors='replace')}")
+                time.sleep(0.1)
+        yield server
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    text_log = log.read_text(errors="replace")
+    if "Traceback" in text_log:
+        print(f"  ! the service logged errors, see {log}:\n{text_log[-2000:]}", file=sys.stderr)
+
+
+def in_threads(n: int, base_url: str, work: Callable[[int, httpx.Client], None]) -> float:
+    """Run ``work(i, client)`` in n threads started together; seconds until all finished."""
+    start = threading.Barrier(n + 1)
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        with httpx.Client(base_url=base_url + API, timeout=120) as client:
+            client.get("/jobs", params={"limit": 1})  # connect before the clock starts
+            start.wait()
+            try:
+                work(i, client)
+            except BaseException as exc:
+                errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    return elapsed
+
+
+def _ok(response: httpx.Response) -> dict[str, Any]:
+    if response.status_code >= 300:
+        raise RuntimeError(
+            f"{response.request.method} {response.request.url} -> {response.status_code}: "
+            f"{response.text[:300]}"
+        )
+    return response.json()  # type: ignore[no-any-return]
+
+
+# --------------------------------------------------------------------------- writes
+
+
+class WriteBench:
+    """64 source jobs with one output each; client i of c owns jobs i, i+c, i+2c, ..."""
+
+    def __init__(self, server: Server, db: str) -> None:
+        self.server = server
+        self.db = db
+        self.next_batch = dict.fromkeys(range(WRITE_JOBS), 0)
+        self.next_snapshot = 1
+        self.lock = threading.Lock()
+        with httpx.Client(base_url=server.url + API, timeout=60) as http:
+            for j in range(WRITE_JOBS):
+                _ok(http.put(f"/jobs/w{j:03d}", json={"outputs": [f"bench.w{j:03d}"]}))
+
+    def assign(self, clients: int, count: int) -> tuple[list[list[dict[str, Any]]], float]:
+        """Give ``count`` new batches barriers; per client, the reports to send."""
+        per_client: list[list[dict[str, Any]]] = [[] for _ in range(clients)]
+        plan: list[list[tuple[int, int, int]]] = [[] for _ in range(clients)]
+        for k in range(count):
+            c = k % clients
+            mine = [j for j in range(WRITE_JOBS) if j % clients == c]
+            j = mine[(k // clients) % len(mine)]
+            plan[c].append((j, self.next_batch[j], self.next_snapshot))
+            self.next_batch[j] += 1
+            self.next_snapshot += 1
+
+        def work(i: int, http: httpx.Client) -> None:
+            for j, batch_id, snapshot in plan[i]:
+                body = _ok(http.post(f"/jobs/w{j:03d}/batches/{batch_id}/barrier"))
+                per_client[i].append(
+                    {
+                        "job": f"w{j:03d}",
+                        "batch_id": batch_id,
+                        "barrier": body["barrier"],
+                        "table": f"bench.w{j:03d}",
+                        "snapshot_id": snapshot,
+                    }
+                )
+
+        return per_client, in_threads(clients, self.server.url, work)
+
+    def report(self, per_client: list[list[dict[str, Any]]], batch_size: int | None) -> float:
+        def work(i: int, http: httpx.Client) -> None:
+            reports = per_client[i]
+            if batch_size is None:
+                for r in reports:
+                    if _ok(http.post("/commits", json=r))["status"] != "recorded":
+                        raise RuntimeError(f"not recorded: {r}")
+                return
+            for k in range(0, len(reports), batch_size):
+                chunk = reports[k : k + batch_size]
+                body = _ok(http.post("/commits/batch", json={"commits": chunk}))
+                if body["recorded"] != len(chunk):
+                    raise RuntimeError(f"{body['recorded']} of {len(chunk)} recorded")
+
+        return in_threads(len(per_client), self.server.url, work)
+
+
+def bench_writes(server: Server, db: str, quick: bool) -> list[dict[str, Any]]:
+    bench = WriteBench(server, db)
+    # (mode, reports per POST or None, clients, reports)
+    if quick:
+        plan = [
+            ("single", None, 1, 200),
+            ("single", None, 16, 320),
+            ("batch100", 100, 1, 500),
+            ("batch100", 100, 16, 1600),
+            ("batch500", 500, 1, 1000),
+        ]
+    else:
+        plan = [
+            ("single", None, 1, 2000),
+            ("single", None, 16, 4000),
+            ("batch100", 100, 1, 5000),
+            ("batch100", 100, 16, 16000),
+            ("batch500", 500, 1, 10000),
+            ("batch500", 500, 16, 16000),
+        ]
+    rows = []
+    for mode, size, clients, count in plan:
+        per_client, seconds = bench.assign(clients, count)
+        rows.append(
+            _row(db, "barrier assignments", f"before {mode}", clients, count, seconds, count)
+        )
+        seconds = bench.report(per_client, size)
+        requests = count if size is None else sum(-(-len(p) // size) for p in per_client)
+        rows.append(_row(db, "commit reports", mode, clients, count, seconds, requests))
+        print(
+            f"  {rows[-2]['what']:20} {clients:3} clients {rows[-2]['per_s']:9,.0f}/s   "
+            f"{mode:9} reports {rows[-1]['per_s']:9,.0f}/s ({rows[-1]['requests_per_s']:,.0f} req/s)"
+        )
+    return rows
+
+
+def _row(
+    db: str, what: str, mode: str, clients: int, count: int, seconds: float, requests: int
+) -> dict[str, Any]:
+    return {
+        "db": db,
+        "what": what,
+        "mode": mode,
+        "clients": clients,
+        "count": count,
+        "seconds": round(seconds, 4),
+        "per_s": count / seconds,
+        "requests_per_s": requests / seconds,
+    }
+
+
+# --------------------------------------------------------------------------- topology
+
+
+@dataclass
+class Topology:
+    layers: list[list[int]]  # job indexes per layer (job i writes table i)
+    tables: list[str]
+    barriers: list[int]
+
+
+def build_topology(url: str, n_jobs: int, seed: int = 7) -> Topology:
+    """Bulk-insert a layered DAG of ``n_jobs`` jobs, one output table each, and five
+    committed barriers per job (derived jobs lag their slowest input by 0 or 1 barrier)."""
+    rng = random.Random(seed)
+    shares = [0.40, 0.25, 0.16, 0.10, 0.06, 0.03]  # sources, then five derived layers
+    sizes = [int(n_jobs * s) for s in shares]
+    sizes[0] += n_jobs - sum(sizes)
+    layers, start = [], 0
+    for size in sizes:
+        layers.append(list(range(start, start + size)))
+        start += size
+    layer_of = {j: k for k, layer in enumerate(layers) for j in layer}
+    names = [
+        ("ods" if layer_of[j] == 0 else f"l{layer_of[j]}") + f".t{j:05d}" for j in range(n_jobs)
+    ]
+    inputs: dict[int, list[int]] = {}
+    for k in range(1, len(layers)):
+        for j in layers[k]:
+            fan_in = rng.choice((1, 2, 2, 3))
+            chosen: set[int] = set()
+            while len(chosen) < fan_in:
+                # mostly the layer just below, sometimes any earlier one
+                pool = layers[k - 1] if rng.random() < 0.7 else layers[rng.randrange(k)]
+                chosen.add(rng.choice(pool))
+            inputs[j] = sorted(chosen)
+    now = int(time.time() * 1000)
+    last = now - now % INTERVAL_MS - 120 * INTERVAL_MS  # two minutes ago, on the grid
+    barriers = [last - (4 - i) * INTERVAL_MS for i in range(5)]
+    reached: dict[int, int] = {}  # index of the last barrier each job committed
+    for layer in layers:
+        for j in layer:
+            if j not in inputs:
+                reached[j] = 4
+            else:
+                lag = 1 if rng.random() < 0.1 else 0
+                reached[j] = max(0, min(reached[i] for i in inputs[j]) - lag)
+
+    engine = make_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                insert(Job),
+                [
+                    {
+                        "id": j + 1,
+                        "name": f"job_{j:05d}",
+                        "description": "",
+                        "kind": DERIVED if j in inputs else SOURCE,
+                        "frontier": barriers[reached[j]],
+                        "open_batches": 0,
+                        "pending_target": None,
+                        "last_barrier": barriers[reached[j]],
+                        "last_batch_id": reached[j],
+                        "status": "running",
+                        "created_ms": now,
+                        "updated_ms": now,
+                    }
+                    for j in range(n_jobs)
+                ],
+            )
+            conn.execute(
+                insert(Table),
+                [
+                    {"id": j + 1, "name": names[j], "writer_id": j + 1, "created_ms": now}
+                    for j in range(n_jobs)
+                ],
+            )
+            conn.execute(
+                insert(JobInput),
+                [{"job_id": j + 1, "table_id": i + 1} for j, ins in inputs.items() for i in ins],
+            )
+            batches, commits = [], []
+            for j in range(n_jobs):
+                for b in range(reached[j] + 1):
+                    batches.append(
+                        {
+                            "job_id": j + 1,
+                            "batch_id": b,
+                            "barrier": barriers[b],
+                            "start_barrier": (barriers[b - 1] if b else 0) if j in inputs else None,
+                            "committed": True,
+                            "created_ms": barriers[b],
+                            "committed_ms": barriers[b] + 500,
+                        }
+                    )
+                    commits.append(
+                        {
+                            "job_id": j + 1,
+                            "batch_id": b,
+                            "table_id": j + 1,
+                            "barrier": barriers[b],
+                            "snapshot_id": (j + 1) * 100 + b,
+                            "created_ms": barriers[b] + 500,
+                        }
+                    )
+            conn.execute(insert(Batch), batches)
+            conn.execute(insert(Commit), commits)
+            conn.execute(
+                update(ClockState)
+                .where(ClockState.id == 1)
+                .values(last_issued=barriers[-1], topology_version=ClockState.topology_version + 1)
+            )
+            if conn.dialect.name == "postgresql":
+                for seq, table in (("jobs_id_seq", "jobs"), ("tables_id_seq", "tables")):
+                    conn.execute(text(f"SELECT setval('{seq}', (SELECT max(id) FROM {table}))"))
+        if engine.dialect.name == "postgresql":  # the statistics autovacuum would gather
+            with engine.begin() as conn:
+                conn.execute(text("ANALYZE"))
+    finally:
+        engine.dispose()
+    return Topology(layers=layers, tables=names, barriers=barriers)
+
+
+def _percentiles(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+
+    def pick(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return {
+        "p50_ms": pick(0.50) * 1000,
+        "p99_ms": pick(0.99) * 1000,
+        "max_ms": ordered[-1] * 1000,
+        "mean_ms": statistics.fmean(ordered) * 1000,
+    }
+
+
+def bench_reads(server: Server, db: str, topo: Topology, quick: bool) -> list[dict[str, Any]]:
+    rng = random.Random(11)
+    n = 60 if quick else 600
+    rows = []
+    with httpx.Client(base_url=server.url + API, timeout=120) as http:
+        top = topo.layers[-1] + topo.layers[-2]
+        t0 = time.perf_counter()
+        _ok(http.get("/lineage", params={"table": topo.tables[top[0]], "direction": "upstream"}))
+        cold = time.perf_counter() - t0
+        rows.append(
+            {
+                "db": db,
+                "what": "lineage, first call (builds the graph)",
+                "count": 1,
+                "p50_ms": cold * 1000,
+                "p99_ms": cold * 1000,
+                "max_ms": cold * 1000,
+                "mean_ms": cold * 1000,
+            }
+        )
+        for size in (2, 10, 50):
+            sets = [rng.sample(topo.tables, size) for _ in range(n + 10)]
+            for s in sets[:10]:  # warm-up
+                _ok(http.get("/versions/consistent", params={"tables": ",".join(s)}))
+            samples, barriers = [], set()
+            for s in sets[10:]:
+                t0 = time.perf_counter()
+                body = _ok(http.get("/versions/consistent", params={"tables": ",".join(s)}))
+                samples.append(time.perf_counter() - t0)
+                barriers.add(body["barrier"])
+            rows.append(
+                {
+                    "db": db,
+                    "what": f"consistent version, {size} tables",
+                    "count": n,
+                    **_percentiles(samples),
+                    "barriers_seen": sorted(barriers),
+                }
+            )
+        for depth in (None, 3):
+            params: dict[str, Any] = {"direction": "upstream"}
+            if depth is not None:
+                params["depth"] = depth
+            samples, sizes = [], []
+            for i in range(n + 10):
+                params["table"] = topo.tables[rng.choice(top)]
+                t0 = time.perf_counter()
+                body = _ok(http.get("/lineage", params=params))
+                if i >= 10:
+                    samples.append(time.perf_counter() - t0)
+                    sizes.append(len(body["nodes"]))
+            label = "unlimited" if depth is None else f"depth {depth}"
+            rows.append(
+                {
+                    "db": db,
+                    "what": f"lineage upstream, {label}",
+                    "count": n,
+                    **_percentiles(samples),
+                    "mean_nodes": statistics.fmean(sizes),
+                }
+            )
+    for r in rows:
+        print(f"  {r['what']:42} p50 {r['p50_ms']:8.2f} ms  p99 {r['p99_ms']:8.2f} ms")
+    return rows
+
+
+# --------------------------------------------------------------------------- main
+
+
+def run(
+    dbs: list[str], pg_base: str, quick: bool, workers: int, parts: list[str]
+) -> dict[str, Any]:
+    results: dict[str, Any] = {
+        "machine": machine_facts(pg_base, dbs),
+        "quick": quick,
+        "workers": workers,
+        "parts": parts,
+        "topology_jobs": 1000 if quick else 10_000,
+        "writes": [],
+        "reads": [],
+    }
+    with tempfile.TemporaryDirectory(prefix="bench-service-") as tmp:
+        workdir = Path(tmp)
+        for db in dbs:
+            if "writes" in parts:
+                print(f"{db}: writes")
+                with (
+                    database(db, pg_base, workdir, "writes") as url,
+                    service(url, workdir, workers) as server,
+                ):
+                    results["writes"] += bench_writes(server, db, quick)
+            if "reads" not in parts:
+                continue
+            print(f"{db}: reads on {results['topology_jobs']:,} jobs and tables")
+            with database(db, pg_base, workdir, "reads") as url:
+                t0 = time.perf_counter()
+                topo = build_topology(url, results["topology_jobs"])
+                results.setdefault("topology_build_s", {})[db] = time.perf_counter() - t0
+                results["topology_layers"] = [len(layer) for layer in topo.layers]
+                with service(url, workdir, workers) as server:
+                    results["reads"] += bench_reads(server, db, topo, quick)
+    results["machine"]["loadavg_at_end"] = _loadavg()
+    return results
+
+
+def print_table(results: dict[str, Any]) -> None:
+    m = results["machine"]
+    print()
+    print(
+        f"{m['nproc']} x {m['cpu_model']}, Python {m['python']}, SQLite {m['sqlite']}, "
+        f"PostgreSQL {m.get('postgresql', '-')}, uvicorn workers {results['workers']}, "
+        f"load average {m['loadavg_at_start']} -> {m['loadavg_at_end']}"
+    )
+    print()
+    print(
+        f"{'db':9} {'figure':22} {'mode':17} {'clients':>7} {'count':>7} {'per s':>10} {'req/s':>9}"
+    )
+    for r in results["writes"]:
+        print(
+            f"{r['db']:9} {r['what']:22} {r['mode']:17} {r['clients']:>7} {r['count']:>7} "
+            f"{r['per_s']:>10,.0f} {r['requests_per_s']:>9,.0f}"
+        )
+    print()
+    print(f"{'db':9} {'figure':42} {'n':>5} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
+    for r in results["reads"]:
+        print(
+            f"{r['db']:9} {r['what']:42} {r['count']:>5} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['max_ms']:>8.2f}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("bench/results/service.json"))
+    parser.add_argument("--quick", action="store_true", help="a small smoke run")
+    parser.add_argument("--db", choices=("sqlite", "postgres", "both"), default="both")
+    parser.add_argument("--pg-url", default=os.environ.get("METASERVICE_TEST_PG_URL", DEFAULT_PG))
+    parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    parser.add_argument("--part", choices=("writes", "reads", "all"), default="all")
+    args = parser.parse_args()
+    dbs = ["sqlite", "postgres"] if args.db == "both" else [args.db]
+    parts = ["writes", "reads"] if args.part == "all" else [args.part]
+    results = run(dbs, normalise_url(args.pg_url), args.quick, args.workers, parts)
+    print_table(results)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"\nwritten to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Runnable examples of MetaService with barrier-aligned Spark jobs."""

@@ -1,0 +1,319 @@
+"""``register``: one call that makes a Spark streaming query a barrier-aligned job.
+
+job = spark_barrier.register(
+    spark, "http://127.0.0.1:8765", job="build_order_detail",
+    inputs=["ods.orders", "ods.items"], outputs={"dwd.order_detail": DETAIL_SCHEMA},
+)
+orders = job.source("ods.orders")                       # offsets are barriers
+sink = job.sink("dwd.order_detail", transform=enrich)   # foreachBatch function
+query = job.start(orders, sink)
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.types import StructType
+
+from metaservice.client import ApiError, ConflictError, MetaServiceClient, Unavailable
+from metaservice.settings import Settings
+from spark_barrier.faults import crash_point
+from spark_barrier.iceberg_io import (
+    Mode,
+    commit_batch,
+    ensure_table,
+    find_batch_snapshot,
+    open_catalog,
+)
+from spark_barrier.listener import BarrierListener
+from spark_barrier.reads import read_at_barrier
+from spark_barrier.report import DirectReporter, OutboxReporter, Reporter, retry
+from spark_barrier.source import SOURCE_NAME, BarrierSource
+
+log = logging.getLogger("spark_barrier")
+
+
+class BarrierConfigError(Exception):
+    """The job cannot run as configured; the message says what to change."""
+
+
+@dataclass
+class BatchContext:
+    """What a transform knows about the batch it runs in."""
+
+    job: BarrierJob
+    batch_id: int
+    barrier: int
+    start_barrier: int | None
+
+    def read(self, table: str) -> DataFrame:
+        """``table`` as of this batch's barrier (lookup joins at the same version)."""
+        return self.job.read_at(table, self.barrier)
+
+
+Transform = Callable[[DataFrame, BatchContext], DataFrame]
+
+
+class BarrierJob:
+    """A registered job: its barrier sources, its sink, and reads at its barriers."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        client: MetaServiceClient,
+        catalog: Catalog,
+        catalog_options: dict[str, str],
+        name: str,
+        inputs: Sequence[str],
+        outputs: Sequence[str],
+        state_dir: Path,
+        reporter: Reporter,
+    ) -> None:
+        self.spark = spark
+        self.client = client
+        self.catalog = catalog
+        self.catalog_options = catalog_options
+        self.name = name
+        self.inputs = list(inputs)
+        self.outputs = list(outputs)
+        self.state_dir = state_dir
+        self.reporter = reporter
+
+    def source(self, table: str) -> DataFrame:
+        """A streaming DataFrame of ``table`` whose micro-batches end on the job's barriers."""
+        if table not in self.inputs:
+            raise BarrierConfigError(
+                f"job '{self.name}' does not declare '{table}' as an input; "
+                f"add it to inputs= in register() (inputs now: {self.inputs})"
+            )
+        reader = self.spark.readStream.format(SOURCE_NAME).option("job", self.name)
+        for key, value in {**self.catalog_options, "url": self.client.url, "table": table}.items():
+            reader = reader.option(key, value)
+        return reader.load()
+
+    def sink(
+        self,
+        table: str | None = None,
+        *,
+        mode: Mode = "append",
+        key_columns: Sequence[str] | None = None,
+        transform: Transform | None = None,
+    ) -> BarrierSink:
+        """The ``foreachBatch`` function that commits each batch to ``table`` at its barrier."""
+        table = table or self.outputs[0]
+        if table not in self.outputs:
+            raise BarrierConfigError(
+                f"job '{self.name}' does not write '{table}'; its outputs are {self.outputs}"
+            )
+        return BarrierSink(self, table, mode, key_columns, transform)
+
+    def start(
+        self,
+        stream: DataFrame,
+        sink: BarrierSink,
+        *,
+        trigger_seconds: float = 1.0,
+        checkpoint: str | None = None,
+    ) -> StreamingQuery:
+        """Start the streaming query named after the job, checkpointed under the state folder."""
+        location = checkpoint or str(self.state_dir / "checkpoint")
+        return (
+            stream.writeStream.queryName(self.name)
+            .option("checkpointLocation", location)
+            .trigger(processingTime=f"{trigger_seconds} seconds")
+            .foreachBatch(sink)
+            .start()
+        )
+
+    def table(self, name: str) -> Table:
+        return self.catalog.load_table(name)
+
+    def read_at(self, table: str, barrier: int) -> DataFrame:
+        return read_at_barrier(self.spark, self.catalog, table, barrier)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Deliver pending reports (waiting up to ``timeout``) and release the outbox."""
+        self.reporter.flush(timeout)
+        self.reporter.close()
+
+
+class BarrierSink:
+    """foreachBatch(df, batch_id): barrier, exactly-once commit to Iceberg, report."""
+
+    def __init__(
+        self,
+        job: BarrierJob,
+        table: str,
+        mode: Mode,
+        key_columns: Sequence[str] | None,
+        transform: Transform | None,
+    ) -> None:
+        self.job = job
+        self.table = table
+        self.mode = mode
+        self.key_columns = list(key_columns) if key_columns else None
+        self.transform = transform
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        job = self.job
+        try:
+            answer = retry(
+                lambda: job.client.batch_barrier(job.name, batch_id), 300.0, "get a batch barrier"
+            )
+        except ConflictError as exc:
+            if exc.code != "no_barrier_ready":
+                raise
+            # Spark runs a new query's first batch up to the initial offset, which is the
+            # barrier the job has already committed: an empty range, nothing to commit.
+            log.debug("%s batch %d ends at the committed barrier; skipped", job.name, batch_id)
+            return
+        iceberg = job.table(self.table)
+        snapshot = find_batch_snapshot(iceberg, job.name, batch_id)
+        if snapshot is None:
+            ctx = BatchContext(job, batch_id, answer.barrier, answer.start_barrier)
+            rows = self.transform(df, ctx) if self.transform else df
+            snapshot = commit_batch(
+                rows,
+                iceberg,
+                barrier=answer.barrier,
+                job=job.name,
+                batch_id=batch_id,
+                mode=self.mode,
+                key_columns=self.key_columns,
+            )
+        else:
+            log.info(
+                "%s batch %d was committed before (snapshot %d); reporting it",
+                job.name,
+                batch_id,
+                snapshot,
+            )
+        crash_point("after_commit", batch_id)
+        job.reporter.report(
+            {
+                "job": job.name,
+                "batch_id": batch_id,
+                "barrier": answer.barrier,
+                "table": self.table,
+                "snapshot_id": snapshot,
+            }
+        )
+
+
+_listeners: dict[tuple[int, str], BarrierListener] = {}
+_listeners_lock = threading.Lock()
+
+
+def _listener_for(spark: SparkSession, client: MetaServiceClient) -> BarrierListener:
+    """One listener per Spark session and MetaService, shared by the jobs registered there."""
+    key = (id(spark), client.url)
+    with _listeners_lock:
+        listener = _listeners.get(key)
+        if listener is None:
+            listener = BarrierListener(MetaServiceClient(client.url, token=_token(client)))
+            spark.streams.addListener(listener)
+            _listeners[key] = listener
+        return listener
+
+
+def _token(client: MetaServiceClient) -> str | None:
+    auth = client._http.headers.get("Authorization", "")
+    return auth.removeprefix("Bearer ") or None
+
+
+def register(
+    spark: SparkSession,
+    url: str,
+    *,
+    job: str,
+    inputs: Sequence[str] = (),
+    outputs: Mapping[str, StructType | None] | Sequence[str],
+    description: str = "",
+    catalog_uri: str | None = None,
+    warehouse: str | None = None,
+    catalog: Catalog | None = None,
+    state_dir: str | Path | None = None,
+    token: str | None = None,
+    outbox: bool = True,
+) -> BarrierJob:
+    """Register ``job`` with the MetaService and make ``spark`` ready to run it.
+
+    Checks, failing fast with :class:`BarrierConfigError`: the MetaService answers,
+    every input table exists in the catalog, and no other job writes the outputs.
+    Output tables given with a schema are created when missing. Registers the
+    barrier data source and a listener reporting the query's progress.
+
+    ``catalog_uri`` and ``warehouse`` default to the MetaService's own settings
+    (``METASERVICE_DB_URL``, ``METASERVICE_WAREHOUSE``): the catalog shares its database.
+    Reports go through a durable outbox under ``state_dir`` unless ``outbox=False``.
+    """
+    defaults = Settings()
+    catalog_options = {
+        "catalog_uri": catalog_uri or defaults.db_url,
+        "warehouse": str(Path(warehouse or defaults.warehouse).resolve()),
+    }
+    client = MetaServiceClient(url, token=token)
+    _check_reachable(client)
+    catalog = catalog or open_catalog(catalog_options["catalog_uri"], catalog_options["warehouse"])
+    output_names = list(outputs)
+    _check_inputs(catalog, job, inputs)
+    _ensure_outputs(catalog, outputs)
+    try:
+        client.put_job(job, inputs=inputs, outputs=output_names, description=description)
+    except ConflictError as exc:
+        raise BarrierConfigError(f"MetaService refused job '{job}': {exc.message}") from exc
+    except ApiError as exc:
+        raise BarrierConfigError(f"MetaService refused job '{job}': {exc.message}") from exc
+    spark.dataSource.register(BarrierSource)
+    _listener_for(spark, client).jobs.add(job)
+    state = Path(state_dir or "spark-barrier-state") / job
+    state.mkdir(parents=True, exist_ok=True)
+    reporter: Reporter = (
+        OutboxReporter(client, state / "outbox") if outbox else DirectReporter(client)
+    )
+    log.info("job '%s' registered: inputs %s, outputs %s", job, list(inputs), output_names)
+    return BarrierJob(
+        spark, client, catalog, catalog_options, job, inputs, output_names, state, reporter
+    )
+
+
+def _check_reachable(client: MetaServiceClient) -> None:
+    try:
+        client.list_jobs(limit=1)
+    except Unavailable as exc:
+        raise BarrierConfigError(
+            f"the MetaService at {client.url} is unreachable ({exc.__cause__ or exc}); "
+            "start it with `metaservice start` or pass the right url"
+        ) from exc
+
+
+def _check_inputs(catalog: Catalog, job: str, inputs: Sequence[str]) -> None:
+    for name in inputs:
+        if not catalog.table_exists(name):
+            raise BarrierConfigError(
+                f"input table '{name}' of job '{job}' does not exist in the catalog; "
+                "register the job that writes it first (with its schema), or fix the name"
+            )
+
+
+def _ensure_outputs(
+    catalog: Catalog, outputs: Mapping[str, StructType | None] | Sequence[str]
+) -> None:
+    schemas: Mapping[str, Any] = outputs if isinstance(outputs, Mapping) else dict.fromkeys(outputs)
+    for name, schema in schemas.items():
+        if catalog.table_exists(name):
+            continue
+        if schema is None:
+            raise BarrierConfigError(
+                f"output table '{name}' does not exist; pass its schema: outputs={{'{name}': StructType(...)}}"
+            )
+        ensure_table(catalog, name, schema)

@@ -1,0 +1,319 @@
+"""API tests for table lineage, snapshot lineage and delay: GET /lineage..., GET /delay."""
+
+from __future__ import annotations
+
+from tests.metaservice.helpers import (
+    API,
+    SLOT,
+    T0,
+    assert_error,
+    barrier,
+    commit,
+    get_json,
+    put_job,
+    run_batch,
+    source_and_derived,
+    unchanged,
+)
+
+
+def _warehouse(client):
+    """src -> ods.orders, src2 -> ods.items; der(ods.orders, ods.items) -> dw.detail;
+    agg(dw.detail) -> dws.revenue; audit(ods.orders) -> dw.audit."""
+    put_job(client, "src", ["ods.orders"])
+    put_job(client, "src2", ["ods.items"])
+    put_job(client, "der", ["dw.detail"], inputs=["ods.orders", "ods.items"])
+    put_job(client, "agg", ["dws.revenue"], inputs=["dw.detail"])
+    put_job(client, "audit", ["dw.audit"], inputs=["ods.orders"])
+
+
+def _lineage(client, **params):
+    return get_json(client, "/lineage", **params)
+
+
+def _edges(graph):
+    return {(e["source"], e["target"]) for e in graph["edges"]}
+
+
+def _ids(graph):
+    return [n["id"] for n in graph["nodes"]]
+
+
+# -- GET /lineage -------------------------------------------------------------------------
+
+
+def test_lineage_upstream_lists_jobs_and_tables_with_typed_node_ids(client):
+    _warehouse(client)
+    graph = _lineage(client, table="dw.detail", direction="upstream")
+    assert (graph["root"], graph["direction"], graph["depth"]) == (
+        "table:dw.detail",
+        "upstream",
+        None,
+    )
+    assert graph["nodes"] == [
+        {"id": "job:der", "kind": "job", "name": "der"},
+        {"id": "job:src", "kind": "job", "name": "src"},
+        {"id": "job:src2", "kind": "job", "name": "src2"},
+        {"id": "table:dw.detail", "kind": "table", "name": "dw.detail"},
+        {"id": "table:ods.items", "kind": "table", "name": "ods.items"},
+        {"id": "table:ods.orders", "kind": "table", "name": "ods.orders"},
+    ]
+    # inputs run table -> job, outputs job -> table
+    assert _edges(graph) == {
+        ("job:der", "table:dw.detail"),
+        ("table:ods.orders", "job:der"),
+        ("table:ods.items", "job:der"),
+        ("job:src", "table:ods.orders"),
+        ("job:src2", "table:ods.items"),
+    }
+
+
+def test_lineage_downstream_follows_readers(client):
+    _warehouse(client)
+    graph = _lineage(client, table="ods.orders", direction="downstream")
+    assert _ids(graph) == [
+        "job:agg",
+        "job:audit",
+        "job:der",
+        "table:dw.audit",
+        "table:dw.detail",
+        "table:dws.revenue",
+        "table:ods.orders",
+    ]
+    assert _edges(graph) == {
+        ("table:ods.orders", "job:der"),
+        ("table:ods.orders", "job:audit"),
+        ("job:der", "table:dw.detail"),
+        ("job:audit", "table:dw.audit"),
+        ("table:dw.detail", "job:agg"),
+        ("job:agg", "table:dws.revenue"),
+    }
+
+
+def test_lineage_both_directions_is_the_union_by_default(client):
+    _warehouse(client)
+    up = _lineage(client, table="dw.detail", direction="upstream")
+    down = _lineage(client, table="dw.detail", direction="downstream")
+    both = _lineage(client, table="dw.detail")
+    assert both["direction"] == "both"
+    assert set(_ids(both)) == set(_ids(up)) | set(_ids(down))
+    assert _edges(both) == _edges(up) | _edges(down)
+    assert "job:audit" not in _ids(both)  # a sibling branch is neither up- nor downstream
+
+
+def test_lineage_depth_counts_jobs_away_from_the_table(client):
+    _warehouse(client)
+    graph = _lineage(client, table="dws.revenue", direction="upstream", depth=0)
+    assert (_ids(graph), graph["edges"], graph["depth"]) == (["table:dws.revenue"], [], 0)
+    graph = _lineage(client, table="dws.revenue", direction="upstream", depth=1)
+    assert _ids(graph) == ["job:agg", "table:dw.detail", "table:dws.revenue"]
+    assert _edges(graph) == {("table:dw.detail", "job:agg"), ("job:agg", "table:dws.revenue")}
+    graph = _lineage(client, table="dws.revenue", direction="upstream", depth=2)
+    assert set(_ids(graph)) == {
+        "table:dws.revenue",
+        "job:agg",
+        "table:dw.detail",
+        "job:der",
+        "table:ods.orders",
+        "table:ods.items",
+    }
+    full = _lineage(client, table="dws.revenue", direction="upstream", depth=3)
+    assert full["nodes"] == _lineage(client, table="dws.revenue", direction="upstream")["nodes"]
+    graph = _lineage(client, table="ods.orders", direction="downstream", depth=1)
+    assert set(_ids(graph)) == {
+        "table:ods.orders",
+        "job:der",
+        "job:audit",
+        "table:dw.detail",
+        "table:dw.audit",
+    }
+
+
+def test_lineage_follows_topology_changes(client):
+    _warehouse(client)
+    assert "job:audit" in _ids(_lineage(client, table="ods.orders", direction="downstream"))
+    put_job(client, "audit", ["dw.audit"], inputs=["ods.items"])
+    down = _lineage(client, table="ods.orders", direction="downstream")
+    assert "job:audit" not in _ids(down)
+    assert "job:audit" in _ids(_lineage(client, table="ods.items", direction="downstream"))
+
+
+def test_lineage_bad_parameters_give_4xx(client, db_url):
+    _warehouse(client)
+    with unchanged(db_url):
+        r = client.get(f"{API}/lineage", params={"table": "ods.nope"})
+        assert_error(r, 404, "not_found", field="table")
+        r = client.get(f"{API}/lineage", params={"table": "orders"})
+        assert_error(r, 422, "invalid", field="table")
+        r = client.get(f"{API}/lineage", params={"table": "ods.orders", "direction": "sideways"})
+        assert_error(r, 422, "invalid_request", field="direction")
+        r = client.get(f"{API}/lineage", params={"table": "ods.orders", "depth": -1})
+        assert_error(r, 422, "invalid_request", field="depth")
+        r = client.get(f"{API}/lineage", params={"table": "ods.orders", "depth": 1001})
+        assert_error(r, 413, "too_large", field="depth")
+        assert_error(client.get(f"{API}/lineage"), 422, "invalid_request", field="table")
+
+
+# -- GET /lineage/snapshots/{table}/{snapshot_id} -----------------------------------------
+
+
+def test_snapshot_lineage_of_a_derived_snapshot_lists_the_consumed_ranges(client, clock):
+    source_and_derived(client, clock)
+    run_batch(client, "src", 2, {"ods.orders": 103})
+    clock.advance(SLOT)
+    run_batch(client, "der", 1, {"dw.detail": 202})
+    assert get_json(client, "/lineage/snapshots/dw.detail/201") == {
+        "table": "dw.detail",
+        "snapshot_id": 201,
+        "job": "der",
+        "batch_id": 0,
+        "barrier": T0 + SLOT,
+        "inputs": [
+            {
+                "table": "ods.orders",
+                "from_barrier": 0,
+                "to_barrier": T0 + SLOT,
+                "from_snapshot": None,
+                "to_snapshot": 102,
+            }
+        ],
+    }
+    second = get_json(client, "/lineage/snapshots/dw.detail/202")
+    assert (second["batch_id"], second["barrier"]) == (1, T0 + 2 * SLOT)
+    assert second["inputs"] == [
+        {
+            "table": "ods.orders",
+            "from_barrier": T0 + SLOT,
+            "to_barrier": T0 + 2 * SLOT,
+            "from_snapshot": 102,
+            "to_snapshot": 103,
+        }
+    ]
+
+
+def test_snapshot_lineage_of_a_source_snapshot_has_no_inputs(client, clock):
+    source_and_derived(client, clock)
+    assert get_json(client, "/lineage/snapshots/ods.orders/101") == {
+        "table": "ods.orders",
+        "snapshot_id": 101,
+        "job": "src",
+        "batch_id": 0,
+        "barrier": T0,
+        "inputs": [],
+    }
+
+
+def test_snapshot_lineage_of_unknown_snapshot_or_table_gives_404(client, clock):
+    source_and_derived(client, clock)
+    r = client.get(f"{API}/lineage/snapshots/ods.orders/999")
+    assert_error(r, 404, "not_found", field="snapshot_id")
+    r = client.get(f"{API}/lineage/snapshots/dw.detail/101")  # a snapshot of another table
+    assert_error(r, 404, "not_found", field="snapshot_id")
+    assert_error(
+        client.get(f"{API}/lineage/snapshots/ods.nope/101"), 404, "not_found", field="table"
+    )
+
+
+def test_snapshot_lineage_with_bad_snapshot_id_gives_422(client, clock):
+    source_and_derived(client, clock)
+    for bad in ["abc", str(2**63), str(-(2**63) - 1), "1e3"]:
+        r = client.get(f"{API}/lineage/snapshots/ods.orders/{bad}")
+        assert_error(r, 422, "invalid_request", field="snapshot_id")
+
+
+# -- GET /delay ---------------------------------------------------------------------------
+
+
+def _chain(client, clock):
+    """src -> ods.orders -> der -> dw.detail -> agg -> dws.revenue, each job further behind.
+    Ends at T0+6.5s: src sealed at T0+5s, der at T0+4s, agg at T0+1s."""
+    source_and_derived(client, clock)  # der at T0+1s, clock T0+2s
+    put_job(client, "agg", ["dws.revenue"], inputs=["dw.detail"])
+    assert run_batch(client, "agg", 0, {"dws.revenue": 301}) == T0 + SLOT
+    clock.advance(3 * SLOT)
+    assert run_batch(client, "der", 1, {"dw.detail": 202}) == T0 + 4 * SLOT
+    clock.advance(1500)
+
+
+def test_delay_splits_into_per_job_contributions_along_the_critical_path(client, clock):
+    _chain(client, clock)
+    now = T0 + 6500
+    delay = get_json(client, "/delay", table="dws.revenue")
+    assert (delay["table"], delay["now_ms"], delay["frontier"]) == ("dws.revenue", now, T0 + SLOT)
+    assert delay["delay_ms"] == now - (T0 + SLOT) == 5500
+    assert delay["critical_path"] == [
+        {
+            "job": "agg",
+            "output": "dws.revenue",
+            "slowest_input": "dw.detail",
+            "input_frontier": T0 + 4 * SLOT,
+            "output_frontier": T0 + SLOT,
+            "contribution_ms": 3000,
+        },
+        {
+            "job": "der",
+            "output": "dw.detail",
+            "slowest_input": "ods.orders",
+            "input_frontier": T0 + 5 * SLOT,
+            "output_frontier": T0 + 4 * SLOT,
+            "contribution_ms": 1000,
+        },
+        {
+            "job": "src",
+            "output": "ods.orders",
+            "slowest_input": None,
+            "input_frontier": now,
+            "output_frontier": T0 + 5 * SLOT,
+            "contribution_ms": 1500,
+        },
+    ]
+    assert sum(j["contribution_ms"] for j in delay["critical_path"]) == delay["delay_ms"]
+    assert [(j["job"], j["contribution_ms"]) for j in delay["jobs"]] == [
+        ("agg", 3000),
+        ("src", 1500),
+        ("der", 1000),
+    ]
+    assert get_json(client, "/tables/dws.revenue")["delay_ms"] == delay["delay_ms"]
+
+
+def test_delay_critical_path_follows_the_slowest_input(client, clock):
+    put_job(client, "src", ["ods.orders"])
+    put_job(client, "src2", ["ods.items"])
+    put_job(client, "der", ["dw.detail"], inputs=["ods.orders", "ods.items"])
+    barrier(client, "src2", 0)  # open batch holds ods.items at T0-1s
+    run_batch(client, "src", 0, {"ods.orders": 1})
+    clock.advance(3 * SLOT)
+    delay = get_json(client, "/delay", table="dw.detail")
+    assert [j["job"] for j in delay["critical_path"]] == ["der", "src2"]
+    assert delay["critical_path"][0]["slowest_input"] == "ods.items"
+    assert delay["critical_path"][0]["input_frontier"] == T0 - SLOT
+    assert delay["critical_path"][1]["contribution_ms"] == 4000
+    assert sum(j["contribution_ms"] for j in delay["critical_path"]) == delay["delay_ms"]
+    assert {j["job"] for j in delay["jobs"]} == {"der", "src", "src2"}
+    # once src2 commits, src is the slowest input
+    commit(client, "src2", 0, T0, "ods.items", 2)
+    clock.advance(SLOT)
+    barrier(client, "src", 1)  # src now holds ods.orders at T0+3s
+    clock.advance(SLOT)
+    delay = get_json(client, "/delay", table="dw.detail")
+    assert [j["job"] for j in delay["critical_path"]] == ["der", "src"]
+    assert sum(j["contribution_ms"] for j in delay["critical_path"]) == delay["delay_ms"]
+
+
+def test_delay_of_a_source_table_is_its_own_lag(client, clock):
+    put_job(client, "src", ["ods.orders"])
+    clock.advance(2500)
+    delay = get_json(client, "/delay", table="ods.orders")
+    assert delay["delay_ms"] == 1500
+    assert [(j["job"], j["contribution_ms"]) for j in delay["critical_path"]] == [("src", 1500)]
+
+
+def test_delay_bad_tables_give_4xx(client, db_url):
+    put_job(client, "der", ["dw.detail"], inputs=["ods.orphan"])
+    with unchanged(db_url):
+        assert_error(client.get(f"{API}/delay", params={"table": "ods.nope"}), 404, "not_found")
+        r = client.get(f"{API}/delay", params={"table": "nope"})
+        assert_error(r, 422, "invalid", field="table")
+        r = client.get(f"{API}/delay", params={"table": "ods.orphan"})
+        assert_error(r, 409, "no_writer", field="table")
+        assert_error(client.get(f"{API}/delay"), 422, "invalid_request", field="table")

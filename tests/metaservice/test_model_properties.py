@@ -1,0 +1,332 @@
+"""Property tests of the model (G1, G2, G3, G5) without Spark.
+
+Hypothesis draws a random ETL topology and a random schedule of job turns, clock
+moves, crashes, replays, duplicate and conflicting reports, consistent-version
+and expiry-plan requests; ``simulation.Simulation`` plays it against the real
+service (in-process ASGI app, real SQLite or PostgreSQL database, ManualClock)
+and checks every answer against its own records and an oracle that recomputes
+each table from the source rows. Each example gets a fresh, migrated database.
+
+Set METASERVICE_PROPERTY_EXAMPLES=N to run N examples per test (deeper runs).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import pytest
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, event, given, note, settings
+from hypothesis import strategies as st
+from sqlalchemy import create_engine, text
+
+from metaservice.app import create_app
+from metaservice.clock import ManualClock
+from metaservice.migrate import upgrade
+from metaservice.settings import Settings
+from tests.conftest import START_MS, _with_search_path, pg_base_url
+from tests.metaservice.simulation import (
+    G1,
+    G3,
+    G5,
+    INTERVAL_MS,
+    Simulation,
+    Step,
+    Topology,
+    schedules,
+    topologies,
+)
+
+_EXAMPLES = int(os.environ.get("METASERVICE_PROPERTY_EXAMPLES", "0"))
+
+
+def _settings(examples: int):  # type: ignore[no-untyped-def]
+    return settings(
+        max_examples=_EXAMPLES or examples,
+        deadline=None,
+        suppress_health_check=[
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.too_slow,
+            HealthCheck.data_too_large,
+        ],
+    )
+
+
+# --------------------------------------------------------------------------- databases
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def backend(request) -> str:  # type: ignore[no-untyped-def]
+    if request.param == "postgres" and pg_base_url() is None:
+        pytest.skip("set METASERVICE_TEST_PG_URL to run the PostgreSQL tests")
+    return request.param  # type: ignore[no-any-return]
+
+
+@contextmanager
+def _database(backend: str) -> Iterator[str]:
+    """A fresh database, migrated to head, dropped afterwards."""
+    if backend == "sqlite":
+        with tempfile.TemporaryDirectory(prefix="ms-prop-") as folder:
+            url = f"sqlite:///{folder}/metaservice.db"
+            upgrade(url)
+            yield url
+        return
+    base = pg_base_url()
+    assert base is not None
+    schema = "p_" + uuid.uuid4().hex[:12]
+    admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f"CREATE SCHEMA {schema}"))
+        try:
+            url = _with_search_path(base, schema)
+            upgrade(url)
+            yield url
+        finally:
+            with admin.connect() as conn:
+                conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
+    finally:
+        admin.dispose()
+
+
+@contextmanager
+def simulated(backend: str, topology: Topology, checks: set[str]) -> Iterator[Simulation]:
+    """The service on a fresh database and a manual clock, with the topology registered."""
+    with _database(backend) as url:
+        clock = ManualClock(START_MS)
+        with TestClient(create_app(Settings(db_url=url), clock)) as client:
+            sim = Simulation(client, clock, topology, checks=checks, log=note)
+            sim.register()
+            yield sim
+            for name, count in sorted(sim.stats.items()):
+                event(f"{name}: {'some' if count else 'none'}")
+
+
+# --------------------------------------------------------------------------- scenarios
+
+
+@dataclass(frozen=True)
+class Scenario:
+    topology: Topology
+    steps: tuple[Step, ...]
+    laggards: tuple[str, ...] = ()
+    lag: int = 0
+
+    def __repr__(self) -> str:
+        lines = [f"Scenario({self.topology!r}"]
+        lines += [f"    {step!r}," for step in self.steps]
+        if self.laggards or self.lag:
+            lines.append(f"    then {self.lag} slots with {list(self.laggards)} stalled")
+        return "\n".join(lines) + ")"
+
+
+@st.composite
+def scenarios(  # type: ignore[no-untyped-def]
+    draw,
+    weights: dict[str, int],
+    max_steps: int,
+    max_sources: int = 3,
+    max_derived: int = 4,
+    max_lag: int = 0,
+) -> Scenario:
+    topology = draw(topologies(max_sources, max_derived))
+    steps = draw(schedules(topology, weights, max_size=max_steps))
+    laggards: tuple[str, ...] = ()
+    lag = 0
+    if max_lag:
+        names = [j.name for j in topology.derived]
+        laggards = tuple(
+            draw(st.lists(st.sampled_from(names), min_size=1, max_size=2, unique=True))
+        )
+        lag = draw(st.integers(0, max_lag))
+    return Scenario(topology, tuple(steps), laggards, lag)
+
+
+def _table_sets(topology: Topology) -> list[tuple[str, ...]]:
+    """All tables, and each derived table with its inputs' writers' outputs."""
+    sets = [tuple(topology.tables)]
+    for job in topology.derived:
+        sets.append(tuple(sorted({job.output, *job.inputs})))
+    return list(dict.fromkeys(sets))
+
+
+# --------------------------------------------------------------------------- G1
+
+
+G1_WEIGHTS = {
+    "advance": 4,
+    "run": 8,
+    "peek": 1,
+    "replay": 1,
+    "version": 3,
+    "frontiers": 1,
+}
+
+
+@pytest.mark.slow
+@_settings(examples=20)
+@given(scenario=scenarios(G1_WEIGHTS, max_steps=30))
+def test_g1_consistent_versions_equal_the_oracle(backend: str, scenario: Scenario) -> None:
+    """Every consistent version (with or without at_or_before and leases), and every
+    table at its frontier, holds exactly the source data up to its barrier."""
+    with simulated(backend, scenario.topology, {G1}) as sim:
+        for step in scenario.steps:
+            sim.apply(step)
+        # Let every job run a couple of slots, then look at the whole topology.
+        for _ in range(2):
+            sim.steady_step()
+        sim.frontiers()
+        for tables in _table_sets(scenario.topology)[:3]:
+            sim.version(tables)
+        assert sim.stats["G1 versions checked"] > 0 or not sim.history
+
+
+# --------------------------------------------------------------------------- G2
+
+
+G2_WEIGHTS = {"advance": 4, "run": 8, "peek": 1, "version": 1}
+
+
+def _trails_by_at_most_one_interval(
+    version: dict | None, tables: tuple[str, ...], fronts: dict[str, int]
+) -> bool:
+    return version is not None and version["barrier"] >= min(fronts[t] for t in tables) - INTERVAL_MS
+
+
+@pytest.mark.slow
+@_settings(examples=10)
+@given(scenario=scenarios(G2_WEIGHTS, max_steps=10, max_sources=2, max_derived=4, max_lag=12))
+def test_g2_versions_keep_up_and_catch_up_realigns(backend: str, scenario: Scenario) -> None:
+    """After random progress and a phase in which some derived jobs stall while the
+    rest keep up, every job runs every slot: within a bounded number of slots each
+    table set has a consistent version trailing its min frontier by at most one
+    interval, and from then on it advances every slot. Consistent versions never
+    go back."""
+    topology = scenario.topology
+    with simulated(backend, topology, set()) as sim:
+        for step in scenario.steps:
+            sim.apply(step)
+        sim.steady_step()  # every job has committed once: later batches are catch-up batches
+        for _ in range(scenario.lag):
+            sim.steady_step(skip=scenario.laggards)
+        fronts = sim.frontiers()
+        lag_slots = (sim.now_slot() - INTERVAL_MS - min(fronts.values())) // INTERVAL_MS
+        depth = max(topology.depth(t) for t in topology.tables)
+        # Each catch-up batch ends on the most aligned barrier within reach, which at
+        # least halves the lag; a level can only align once its inputs have.
+        bound = depth * (math.ceil(math.log2(lag_slots + 1)) + 2) + 1
+        steady = 3  # slots checked after convergence
+        sets = [tuple(topology.tables)] + [
+            tuple(sorted({job.output, *job.inputs}))
+            for job in topology.derived
+            if job.name in scenario.laggards
+        ]
+        last: dict[tuple[str, ...], int] = {}
+        previous: dict[tuple[str, ...], dict | None] = {}
+        converged_at: int | None = None
+        step = 0
+        while converged_at is None or step <= converged_at + steady:
+            if converged_at is None and step > bound:
+                raise AssertionError(
+                    f"G2: with every job running every slot, the table sets {sets} did not all "
+                    f"get a consistent version within one interval of their min frontier in "
+                    f"{bound} slots (lag was {lag_slots} slots, depth {depth}); now: frontiers "
+                    f"{fronts}, versions {previous}"
+                )
+            sim.steady_step()
+            fronts = sim.frontiers()
+            versions = {s: sim.version(s) for s in sets}
+            note(f"catch-up slot {step}: frontiers {fronts}, versions {versions}")
+            for s, v in versions.items():
+                if v is not None:
+                    assert v["barrier"] >= last.get(s, 0), (
+                        f"G2: consistent version of {s} went back from {last[s]} to {v['barrier']}"
+                    )
+                    last[s] = v["barrier"]
+            trailing = all(_trails_by_at_most_one_interval(versions[s], s, fronts) for s in sets)
+            # Caught up: every table has reached the last closed slot, so the version
+            # trails the clock, not only a lagging table, by at most one interval.
+            converged = trailing and min(fronts.values()) == sim.now_slot() - INTERVAL_MS
+            if converged_at is not None:
+                assert trailing, (
+                    f"G2: steady since slot {converged_at}, but at slot {step} a consistent "
+                    f"version trails its min frontier by more than one interval: {fronts} {versions}"
+                )
+                for s in sets:
+                    assert versions[s]["barrier"] > previous[s]["barrier"], (  # type: ignore[index]
+                        f"G2: steady state, but the consistent version of {s} stayed at "
+                        f"{versions[s]} at slot {step}"
+                    )
+            elif converged:
+                converged_at = step
+            previous = versions
+            step += 1
+        event(f"lag {lag_slots} depth {depth}: aligned after {converged_at} slots")
+
+
+# --------------------------------------------------------------------------- G3
+
+
+G3_WEIGHTS = {
+    "advance": 3,
+    "run": 8,
+    "peek": 1,
+    "replay": 3,
+    "duplicate": 3,
+    "conflict": 3,
+}
+
+
+@pytest.mark.slow
+@_settings(examples=20)
+@given(scenario=scenarios(G3_WEIGHTS, max_steps=30))
+def test_g3_replays_and_reports_are_exactly_once(backend: str, scenario: Scenario) -> None:
+    """Replayed batches (open or finished) get the same barrier and input ranges;
+    duplicate reports answer 'duplicate' and change nothing; conflicting reports,
+    alone or inside a batch with valid ones, get 409 and change nothing."""
+    with simulated(backend, scenario.topology, {G3}) as sim:
+        for step in scenario.steps:
+            sim.apply(step)
+        # Every crashed batch is finished by its replay, recorded exactly once.
+        for job in scenario.topology.jobs:
+            if sim.jobs[job.name].pending is not None:
+                sim.run(job.name)
+        for table in scenario.topology.tables:
+            mapping = sim.state([table], job_fields=False)[table]["items"]
+            batches = [(m["job"], m["batch_id"]) for m in mapping]
+            assert len(batches) == len(set(batches)), f"G3: {table} has a batch twice: {mapping}"
+            mine = sorted((s.batch_id, s.snapshot_id) for s in sim.tables[table].snapshots)
+            theirs = sorted((m["batch_id"], m["snapshot_id"]) for m in mapping if m["snapshot_id"])
+            assert mine == theirs, f"G3: {table}: table has {mine}, service maps {theirs}"
+
+
+# --------------------------------------------------------------------------- G5
+
+
+G5_WEIGHTS = {
+    "advance": 4,
+    "run": 8,
+    "peek": 1,
+    "version": 3,
+    "release": 1,
+    "expiry": 3,
+}
+
+
+@pytest.mark.slow
+@_settings(examples=20)
+@given(scenario=scenarios(G5_WEIGHTS, max_steps=30))
+def test_g5_expiry_plans_never_list_a_snapshot_in_use(backend: str, scenario: Scenario) -> None:
+    """No plan lists the current snapshot, a snapshot of a live lease, or the start
+    snapshot of a derived reader (computed from the simulator's own records)."""
+    with simulated(backend, scenario.topology, {G5}) as sim:
+        for step in scenario.steps:
+            sim.apply(step)
+        for table in scenario.topology.tables:
+            sim.expiry(table)
