@@ -6,6 +6,7 @@ sends it to the MetaService (losing liveness events when it is down is harmless)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -33,10 +34,9 @@ class BarrierListener(StreamingQueryListener):  # type: ignore[misc]
 
     def _put(self, name: str | None, event: JobEvent) -> None:
         if name in self.jobs:
-            try:
+            # Liveness only: dropping an event is better than stalling Spark.
+            with contextlib.suppress(queue.Full):
                 self._queue.put_nowait((name, event))
-            except queue.Full:
-                pass  # liveness only; dropping is better than stalling Spark
 
     def onQueryStarted(self, event: Any) -> None:
         self._names[str(event.id)] = event.name

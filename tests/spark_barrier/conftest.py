@@ -34,3 +34,7 @@ def warehouse(tmp_path: Path) -> Path:
 def catalog(tmp_path: Path, warehouse: Path) -> Catalog:
     """A pyiceberg SqlCatalog on a SQLite file of its own, warehouse under tmp_path."""
     return open_catalog(f"sqlite:///{tmp_path / 'catalog.db'}", str(warehouse))
+
+
+# The embedded MetaService of the pipeline tests (defined with its helpers).
+from tests.spark_barrier.pipeline import service  # noqa: E402, F401

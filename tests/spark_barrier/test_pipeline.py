@@ -14,11 +14,10 @@ from examples import streaming_warehouse as demo
 from metaservice.client import ConflictError
 from spark_barrier import BarrierConfigError, BatchContext
 from spark_barrier.snapshots import snapshot_at
-from tests.spark_barrier.pipeline import (  # noqa: F401  (fixture)
+from tests.spark_barrier.pipeline import (
     NUMBERS_SCHEMA,
     DrivenSource,
     Service,
-    service,
     with_input,
 )
 
@@ -172,7 +171,7 @@ def test_join_job_reads_both_inputs_up_to_the_same_barrier(spark, service):
 
 
 def test_register_refuses_an_input_table_missing_from_the_catalog(spark, service):
-    with pytest.raises(BarrierConfigError, match="ods.nowhere.*does not exist"):
+    with pytest.raises(BarrierConfigError, match=r"ods.nowhere.*does not exist"):
         _register(
             spark, service, job="reader", inputs=["ods.nowhere"], outputs={"dwd.x": NUMBERS_SCHEMA}
         )
@@ -188,7 +187,7 @@ def test_register_refuses_a_table_another_job_writes(spark, service):
 
 def test_register_fails_fast_when_the_metaservice_is_unreachable(spark, service, tmp_path):
     started = time.monotonic()
-    with pytest.raises(BarrierConfigError, match="unreachable.*metaservice start"):
+    with pytest.raises(BarrierConfigError, match=r"unreachable.*metaservice start"):
         spark_barrier.register(
             spark,
             "http://127.0.0.1:9",
