@@ -1,9 +1,9 @@
 """Barrier-aligned Spark Structured Streaming on Apache Iceberg, coordinated by the MetaService.
 
-    import spark_barrier
-    job = spark_barrier.register(spark, "http://127.0.0.1:8765", job="enrich",
-                                 inputs=["ods.orders"], outputs={"dwd.detail": schema})
-    job.start(job.source("ods.orders"), job.sink())
+import spark_barrier
+job = spark_barrier.register(spark, "http://127.0.0.1:8765", job="enrich",
+                             inputs=["ods.orders"], outputs={"dwd.detail": schema})
+job.start(job.source("ods.orders"), job.sink())
 """
 
 from spark_barrier.job import (

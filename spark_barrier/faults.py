@@ -2,7 +2,7 @@
 
 ``SPARK_BARRIER_CRASH_AT=<point>:<batch_id>`` makes the driver process exit at once
 (``os._exit``, no cleanup, like a killed driver) when batch ``batch_id`` reaches
-``point``. Points: ``after_write`` (data files written, not committed),
+``point`` (``<point>:*``: the first batch that reaches it). Points: ``after_write`` (data files written, not committed),
 ``after_commit`` (Iceberg snapshot committed, not reported). Unset in production.
 """
 
@@ -16,5 +16,5 @@ EXIT_CODE = 97
 
 def crash_point(point: str, batch_id: int) -> None:
     wanted = os.environ.get(ENV)
-    if wanted and wanted == f"{point}:{batch_id}":
+    if wanted and wanted in (f"{point}:{batch_id}", f"{point}:*"):
         os._exit(EXIT_CODE)

@@ -72,6 +72,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from spark_barrier.faults import crash_point
 from spark_barrier.spark_session import PARQUET_TIMESTAMP_TYPE, PARQUET_TIMESTAMP_TYPE_KEY
 
 log = logging.getLogger(__name__)
@@ -404,6 +405,7 @@ def commit_batch(
     if keys:
         rows = _last_row_per_key(rows, keys)
     added = _write_data_files(rows, folder, table)
+    crash_point("after_write", batch_id)  # fault-injection tests only; a no-op otherwise
     if not added:
         _delete_folder(folder)
         return None

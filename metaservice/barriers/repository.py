@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from metaservice.models import SOURCE, Batch, ClockState, Commit, Job
+from metaservice.models import SOURCE, Batch, ClockState, Commit, Job, Table
 
 
 def lock_job(session: Session, job_id: int) -> Job:
@@ -150,6 +150,26 @@ def snapshot_at(session: Session, table_id: int, barrier: int) -> int | None:
         .order_by(Commit.barrier.desc(), Commit.batch_id.desc())
         .limit(1)
     ).scalar_one_or_none()
+
+
+def snapshots_at(session: Session, table_ids: Sequence[int], barrier: int) -> dict[int, int | None]:
+    """:func:`snapshot_at` of many tables in one statement (still one index seek per table)."""
+    if not table_ids:
+        return {}
+    latest = (
+        select(Commit.snapshot_id)
+        .where(
+            Commit.table_id == Table.id,
+            Commit.snapshot_id.is_not(None),
+            Commit.barrier <= barrier,
+        )
+        .order_by(Commit.barrier.desc(), Commit.batch_id.desc())
+        .limit(1)
+        .correlate(Table)
+        .scalar_subquery()
+    )
+    rows = session.execute(select(Table.id, latest).where(Table.id.in_(table_ids)))
+    return dict(rows.tuples().all())
 
 
 def latest_commit(session: Session, table_id: int) -> Commit | None:

@@ -79,9 +79,9 @@ def consistent_version(
             field="tables",
             code="no_consistent_version",
         )
-    snapshots = {
-        name: barrier_repo.snapshot_at(session, tables[name].id, barrier) for name in names
-    }
+    # One statement for all tables: a query per table made 50 tables cost 50 round trips.
+    found = barrier_repo.snapshots_at(session, [t.id for t in tables.values()], barrier)
+    snapshots = {name: found[tables[name].id] for name in names}
     return ConsistentVersion(barrier=barrier, snapshots=snapshots)
 
 

@@ -201,7 +201,7 @@ def _trails_by_at_most_one_interval(
 
 @pytest.mark.slow
 @_settings(examples=10)
-@given(scenario=scenarios(G2_WEIGHTS, max_steps=10, max_sources=2, max_derived=4, max_lag=12))
+@given(scenario=scenarios(G2_WEIGHTS, max_steps=8, max_sources=2, max_derived=4, max_lag=8))
 def test_g2_versions_keep_up_and_catch_up_realigns(backend: str, scenario: Scenario) -> None:
     """After random progress and a phase in which some derived jobs stall while the
     rest keep up, every job runs every slot: within a bounded number of slots each
