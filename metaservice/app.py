@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from metaservice.auth.endpoints import router as auth_router
 from metaservice.barriers.endpoints import router as barriers_router
 from metaservice.clock import Clock, SystemClock
 from metaservice.context import Context
@@ -67,12 +68,13 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
         lineage_router,
         delay_router,
         lifecycle_router,
+        auth_router,
     ):
         app.include_router(router, prefix=API_PREFIX)
     app.include_router(ops_router)
     _install_error_handlers(app)
     app.middleware("http")(_observe)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)  # type: ignore[arg-type]
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     return app
 
 
@@ -83,7 +85,7 @@ def _error(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def service_error(_: Request, exc: ServiceError) -> JSONResponse:
-        return JSONResponse(exc.to_dict(), status_code=exc.status)
+        return JSONResponse(exc.to_dict(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -118,11 +120,24 @@ def _install_error_handlers(app: FastAPI) -> None:
 async def _observe(request: Request, call_next: Callable[[Request], Awaitable[Any]]) -> Any:
     start = time.perf_counter()
     response = await call_next(request)
-    route = request.scope.get("route")
-    REQUESTS.labels(
-        request.method, getattr(route, "path", "unmatched"), str(response.status_code)
-    ).observe(time.perf_counter() - start)
+    REQUESTS.labels(request.method, _route_label(request), str(response.status_code)).observe(
+        time.perf_counter() - start
+    )
     return response
+
+
+def _route_label(request: Request) -> str:
+    """The route's path template (bounded label cardinality), with the API prefix.
+
+    Depending on the FastAPI version the matched route carries its path with or
+    without the prefix it was included under; every API router is under API_PREFIX.
+    """
+    path = getattr(request.scope.get("route"), "path", None)
+    if path is None:
+        return "unmatched"
+    if request.url.path.startswith(API_PREFIX + "/") and not path.startswith(API_PREFIX):
+        return API_PREFIX + path
+    return str(path)
 
 
 class BodyLimit:

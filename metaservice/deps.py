@@ -1,15 +1,25 @@
-"""FastAPI dependencies: the service's context, its database, and paging."""
+"""FastAPI dependencies: the service's context, its database, paging, and the caller's role.
+
+Routes declare the least role they need, and nothing else does authorisation::
+
+    router = APIRouter(dependencies=[require(Role.READER)])
+
+    @router.post("/commits", dependencies=[require(Role.WRITER)])
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fastapi import Query, Request
+from fastapi import Depends, Query, Request, params
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from metaservice.auth import service as auth_service
+from metaservice.auth.schemas import Role
 from metaservice.barriers.schemas import MAX_SIGNED_64
 from metaservice.context import Context
 from metaservice.db import Database
-from metaservice.errors import TooLarge
+from metaservice.errors import TooLarge, Unauthenticated
 
 
 @dataclass
@@ -37,3 +47,44 @@ def paging(
     if limit > most:
         raise TooLarge(f"limit {limit} is over the page size limit of {most}", field="limit")
     return Paging(limit=limit, offset=offset)
+
+
+bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="bearer",
+    description="A token from `metaservice token create` or `POST /api/v1/tokens`; "
+    "needed only when the service runs with METASERVICE_AUTH_REQUIRED=true.",
+)
+
+
+def caller(
+    request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(bearer)
+) -> auth_service.Caller:
+    """Who the request comes from; 401 when auth is on and it brings no known token."""
+    s = services(request)
+    if not s.ctx.settings.auth_required:
+        return auth_service.ANONYMOUS_ADMIN
+    if credentials is None:
+        raise Unauthenticated(
+            "this request needs a bearer token: send the header 'Authorization: Bearer <token>'"
+        )
+    token = credentials.credentials
+    return s.db.read(lambda session: auth_service.authenticate(session, token))
+
+
+def require(role: Role) -> params.Depends:
+    """A route dependency refusing callers below ``role`` (401 without a token, 403 below it)."""
+
+    def check(who: auth_service.Caller = Depends(caller)) -> auth_service.Caller:
+        auth_service.check_role(who, role)
+        return who
+
+    return Depends(check)
+
+
+def metrics_access(
+    request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(bearer)
+) -> None:
+    """/metrics is open unless METASERVICE_METRICS_PUBLIC=false; then any token will do."""
+    if not services(request).ctx.settings.metrics_public:
+        caller(request, credentials)

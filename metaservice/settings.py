@@ -41,3 +41,11 @@ class Settings(BaseSettings):
     max_commits_per_request: int = Field(10_000, gt=0)
     max_lease_seconds: int = Field(7 * 24 * 3600, gt=0)
     log_level: str = "info"
+    auth_required: bool = Field(
+        False,
+        description="Require a bearer token on every /api/v1 request; off, every caller is admin.",
+    )
+    metrics_public: bool = Field(
+        True,
+        description="Serve /metrics without a token even when auth is required (for scrapers).",
+    )

@@ -21,7 +21,7 @@ from typing import Any
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.types import StructType
 
 from metaservice.client import ApiError, ConflictError, MetaServiceClient, Unavailable

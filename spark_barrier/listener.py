@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any
 
-from pyspark.sql.streaming import StreamingQueryListener
+from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from metaservice.client import MetaServiceClient, MetaServiceError
 from metaservice.topology.schemas import JobEvent
@@ -21,7 +21,7 @@ from metaservice.topology.schemas import JobEvent
 log = logging.getLogger("spark_barrier.listener")
 
 
-class BarrierListener(StreamingQueryListener):  # type: ignore[misc]
+class BarrierListener(StreamingQueryListener):
     """Reports events of queries named after registered jobs (``queryName(job)``)."""
 
     def __init__(self, client: MetaServiceClient) -> None:

@@ -29,7 +29,7 @@ _REQUIRED = ("url", "job", "table", "catalog_uri", "warehouse")
 
 
 @dataclass
-class FilePartition(InputPartition):  # type: ignore[misc]
+class FilePartition(InputPartition):
     path: str | None
 
     def __init__(self, path: str | None) -> None:
@@ -58,7 +58,7 @@ def _open_table(options: dict[str, str]) -> Any:
     return catalog.load_table(options["table"])
 
 
-class BarrierSource(DataSource):  # type: ignore[misc]
+class BarrierSource(DataSource):
     """Registered by ``spark_barrier.register``; see the module docstring."""
 
     @classmethod
@@ -75,7 +75,7 @@ class BarrierSource(DataSource):  # type: ignore[misc]
         return BarrierStreamReader(_require(dict(self.options)), schema)
 
 
-class BarrierStreamReader(DataSourceStreamReader):  # type: ignore[misc]
+class BarrierStreamReader(DataSourceStreamReader):
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         self.options = options
         self.columns = [f.name for f in schema.fields]
@@ -101,7 +101,9 @@ class BarrierStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         # A new query starts where the job has committed up to (0 for a new job).
         return {"barrier": self._ms().get_job(self.options["job"]).frontier}
 
-    def latestOffset(self) -> dict[str, int]:
+    # The zero-argument form on purpose: every PySpark 4.x calls it (4.2+ also
+    # offers latestOffset(start, limit) for admission control, which we don't need).
+    def latestOffset(self) -> dict[str, int]:  # type: ignore[override]
         return {"barrier": self._ms().next_barrier(self.options["job"]).barrier}
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
@@ -122,7 +124,8 @@ class BarrierStreamReader(DataSourceStreamReader):  # type: ignore[misc]
             self._client.close()
 
     # Executor side. ----------------------------------------------------------
-    def read(self, partition: FilePartition) -> Iterator[Any]:
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, FilePartition)
         if partition.path is None:
             return
         import pyarrow.parquet as pq

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Body, Depends, Path
 
+from metaservice.auth.schemas import Role
 from metaservice.barriers import service
 from metaservice.barriers.schemas import (
     MAX_SIGNED_64,
@@ -12,14 +13,18 @@ from metaservice.barriers.schemas import (
     CommitResult,
     NextBarrier,
 )
-from metaservice.deps import Services, services
+from metaservice.deps import Services, require, services
 from metaservice.errors import TooLarge
 from metaservice.metrics import BARRIERS, COMMITS
 
-router = APIRouter(tags=["barriers"])
+router = APIRouter(tags=["barriers"], dependencies=[require(Role.READER)])
 
 
-@router.post("/jobs/{job}/batches/{batch_id}/barrier", response_model=BatchBarrier)
+@router.post(
+    "/jobs/{job}/batches/{batch_id}/barrier",
+    response_model=BatchBarrier,
+    dependencies=[require(Role.WRITER)],
+)
 def batch_barrier(
     job: str,
     batch_id: int = Path(ge=0, le=MAX_SIGNED_64),
@@ -35,13 +40,16 @@ def batch_barrier(
     return result
 
 
-@router.get("/jobs/{job}/next-barrier", response_model=NextBarrier)
+# A GET, but it fixes the job's next target: a writer's call.
+@router.get(
+    "/jobs/{job}/next-barrier", response_model=NextBarrier, dependencies=[require(Role.WRITER)]
+)
 def next_barrier(job: str, s: Services = Depends(services)) -> NextBarrier:
     """The aligned target a derived job's barrier sources report as their latest offset."""
     return s.db.write(lambda session: service.next_barrier(session, s.ctx, job))
 
 
-@router.post("/commits", response_model=CommitResult)
+@router.post("/commits", response_model=CommitResult, dependencies=[require(Role.WRITER)])
 def report_commit(report: CommitReport, s: Services = Depends(services)) -> CommitResult:
     """Report that a job's batch committed a snapshot (idempotent; 409 on a conflicting report)."""
     result = s.db.write(lambda session: service.report_commits(session, s.ctx, [report]))
@@ -49,7 +57,9 @@ def report_commit(report: CommitReport, s: Services = Depends(services)) -> Comm
     return result.results[0]
 
 
-@router.post("/commits/batch", response_model=CommitBatchResult)
+@router.post(
+    "/commits/batch", response_model=CommitBatchResult, dependencies=[require(Role.WRITER)]
+)
 def report_commits(
     body: CommitBatch = Body(description="Many reports; each is idempotent on its own"),
     s: Services = Depends(services),

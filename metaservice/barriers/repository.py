@@ -169,7 +169,7 @@ def snapshots_at(session: Session, table_ids: Sequence[int], barrier: int) -> di
         .scalar_subquery()
     )
     rows = session.execute(select(Table.id, latest).where(Table.id.in_(table_ids)))
-    return dict(rows.tuples().all())
+    return {table_id: snapshot for table_id, snapshot in rows}
 
 
 def latest_commit(session: Session, table_id: int) -> Commit | None:

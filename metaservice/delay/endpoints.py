@@ -2,11 +2,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Query
 
+from metaservice.auth.schemas import Role
 from metaservice.delay import service
 from metaservice.delay.schemas import Delay
-from metaservice.deps import Services, services
+from metaservice.deps import Services, require, services
 
-router = APIRouter(tags=["delay"])
+router = APIRouter(tags=["delay"], dependencies=[require(Role.READER)])
 
 
 @router.get("/delay", response_model=Delay)

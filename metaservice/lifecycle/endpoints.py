@@ -2,11 +2,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
-from metaservice.deps import Services, services
+from metaservice.auth.schemas import Role
+from metaservice.deps import Services, require, services
 from metaservice.lifecycle import service
 from metaservice.lifecycle.schemas import ExpiryPlan
 
-router = APIRouter(tags=["lifecycle"])
+router = APIRouter(tags=["lifecycle"], dependencies=[require(Role.READER)])
 
 
 @router.get("/tables/{table}/expirable", response_model=ExpiryPlan)

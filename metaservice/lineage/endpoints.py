@@ -2,12 +2,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Path, Query
 
+from metaservice.auth.schemas import Role
 from metaservice.barriers.schemas import MAX_SIGNED_64
-from metaservice.deps import Services, services
+from metaservice.deps import Services, require, services
 from metaservice.lineage import service
 from metaservice.lineage.schemas import LineageGraph, SnapshotLineage
 
-router = APIRouter(tags=["lineage"])
+router = APIRouter(tags=["lineage"], dependencies=[require(Role.READER)])
 
 
 @router.get("/lineage", response_model=LineageGraph)

@@ -1,5 +1,6 @@
 """ORM models. Importing this package registers every table on ``Base.metadata``."""
 
+from metaservice.models.auth import ApiToken
 from metaservice.models.barriers import Batch, ClockState, Commit
 from metaservice.models.base import Base
 from metaservice.models.leases import Lease, LeaseSnapshot
@@ -8,6 +9,7 @@ from metaservice.models.topology import DERIVED, SOURCE, Job, JobInput, Table
 __all__ = [
     "DERIVED",
     "SOURCE",
+    "ApiToken",
     "Base",
     "Batch",
     "ClockState",

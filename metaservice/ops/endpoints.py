@@ -5,7 +5,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
-from metaservice.deps import Services, services
+from metaservice.deps import Services, metrics_access, services
 from metaservice.migrate import current_revision, head_revision
 
 router = APIRouter(tags=["operations"])
@@ -43,7 +43,7 @@ def readyz(s: Services = Depends(services)) -> JSONResponse:
     return JSONResponse({"status": "ready", "migration": current})
 
 
-@router.get("/metrics")
+@router.get("/metrics", dependencies=[Depends(metrics_access)])
 def metrics() -> Response:
-    """Prometheus metrics."""
+    """Prometheus metrics (open unless METASERVICE_METRICS_PUBLIC=false)."""
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

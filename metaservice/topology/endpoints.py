@@ -2,19 +2,24 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Path, Query, Response
 
+from metaservice.auth.schemas import Role
 from metaservice.barriers.schemas import MAX_SIGNED_64
-from metaservice.deps import Paging, Services, paging, services
+from metaservice.deps import Paging, Services, paging, require, services
 from metaservice.names import JOB_PATTERN
 from metaservice.schemas_common import Page
 from metaservice.topology import service
 from metaservice.topology.schemas import JobEvent, JobSpec, JobView, SnapshotView, TableView
 
-router = APIRouter(tags=["topology"])
+router = APIRouter(tags=["topology"], dependencies=[require(Role.READER)])
 JobName = Path(description="Job name", pattern=JOB_PATTERN)
 
 
 @router.put(
-    "/jobs/{job}", response_model=JobView, status_code=200, responses={201: {"model": JobView}}
+    "/jobs/{job}",
+    response_model=JobView,
+    status_code=200,
+    responses={201: {"model": JobView}},
+    dependencies=[require(Role.WRITER)],
 )
 def put_job(
     spec: JobSpec, response: Response, job: str = JobName, s: Services = Depends(services)
@@ -36,10 +41,20 @@ def get_job(job: str, s: Services = Depends(services)) -> JobView:
     return s.db.read(lambda session: service.get_job(session, s.ctx, job))
 
 
-@router.post("/jobs/{job}/events", response_model=JobView)
+@router.post("/jobs/{job}/events", response_model=JobView, dependencies=[require(Role.WRITER)])
 def job_event(job: str, event: JobEvent, s: Services = Depends(services)) -> JobView:
     """Liveness and progress of a job's streaming query (sent by the Spark listener)."""
     return s.db.write(lambda session: service.record_event(session, s.ctx, job, event))
+
+
+@router.delete("/jobs/{job}", status_code=204, dependencies=[require(Role.ADMIN)])
+def delete_job(job: str, s: Services = Depends(services)) -> Response:
+    """Remove a job, its edges and its barrier history; its output tables lose their writer.
+
+    Refused with 409 while another job reads one of its outputs.
+    """
+    s.db.write(lambda session: service.delete_job(session, s.ctx, job))
+    return Response(status_code=204)
 
 
 @router.get("/tables", response_model=Page[TableView])

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from sqlalchemy import func, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from metaservice.errors import NotFound
-from metaservice.models import ClockState, Job, JobInput, Table
+from metaservice.models import Batch, ClockState, Commit, Job, JobInput, Table
 
 
 def job_by_name(session: Session, name: str) -> Job | None:
@@ -91,13 +91,13 @@ def edges_of_jobs(
             .order_by(Table.name)
         ):
             inputs[job_id].append(name)
-        for job_id, name in session.execute(
+        for writer_id, name in session.execute(
             select(Table.writer_id, Table.name)
             .where(Table.writer_id.in_(job_ids))
             .order_by(Table.name)
         ):
-            if job_id is not None:
-                outputs[job_id].append(name)
+            if writer_id is not None:
+                outputs[writer_id].append(name)
     return inputs, outputs
 
 
@@ -131,3 +131,15 @@ def bump_topology_version(session: Session) -> None:
         .where(ClockState.id == 1)
         .values(topology_version=ClockState.topology_version + 1)
     )
+
+
+def delete_job(session: Session, job_id: int) -> None:
+    """The job's row, its input edges and its barrier history (batches and commit reports).
+
+    Spelled out rather than left to ON DELETE CASCADE, so it does not depend on
+    SQLite's foreign_keys pragma."""
+    session.execute(delete(JobInput).where(JobInput.job_id == job_id))
+    session.execute(delete(Commit).where(Commit.job_id == job_id))
+    session.execute(delete(Batch).where(Batch.job_id == job_id))
+    session.execute(update(Table).where(Table.writer_id == job_id).values(writer_id=None))
+    session.execute(delete(Job).where(Job.id == job_id))

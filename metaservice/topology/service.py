@@ -50,6 +50,26 @@ def put_job(session: Session, ctx: Context, name: str, spec: JobSpec) -> tuple[J
     return job_view(session, ctx, job), existing is None
 
 
+def delete_job(session: Session, ctx: Context, name: str) -> None:
+    """Remove a job that no other job depends on: its edges, its barrier history, and
+    the writer link of its output tables (the tables stay, writerless, for a new writer)."""
+    job = repo.require_job(session, name)
+    barrier_repo.lock_job(session, job.id)
+    repo.bump_topology_version(session)  # serialises topology changes from here on
+    outputs = repo.output_tables(session, job.id)
+    readers = repo.readers_of_tables(session, [t.id for t in outputs])
+    for table in outputs:
+        if readers.get(table.id):
+            raise Conflict(
+                f"job '{name}' cannot be deleted: its output '{table.name}' is read by "
+                f"{', '.join(repr(r) for r in readers[table.id])}; delete or re-register "
+                "those jobs first",
+                field="job",
+                code="has_readers",
+            )
+    repo.delete_job(session, job.id)
+
+
 def _unique_tables(names: list[str], field: str) -> list[str]:
     for i, name in enumerate(names):
         check_table_name(name, field=f"{field}.{i}")

@@ -1,12 +1,15 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Query, Response
+from sqlalchemy.orm import Session
 
-from metaservice.deps import Services, services
+from metaservice.auth.schemas import Role
+from metaservice.auth.service import Caller, check_role
+from metaservice.deps import Services, caller, require, services
 from metaservice.versions import service
 from metaservice.versions.schemas import ConsistentVersion, LeaseRequest
 
-router = APIRouter(tags=["versions"])
+router = APIRouter(tags=["versions"], dependencies=[require(Role.READER)])
 
 
 def consistent(
@@ -15,7 +18,7 @@ def consistent(
     names = service.parse_tables(s.ctx, tables)
     if lease_seconds is not None:
 
-        def with_lease(session):  # type: ignore[no-untyped-def]
+        def with_lease(session: Session) -> ConsistentVersion:
             service.seal_writers(session, s.ctx, names)
             version = service.consistent_version(session, s.ctx, names, at_or_before)
             return service.create_lease(session, s.ctx, version, lease_seconds)
@@ -44,18 +47,29 @@ def consistent_version(
         None, ge=1, description="Also pin the snapshots for this long"
     ),
     s: Services = Depends(services),
+    who: Caller = Depends(caller),
 ) -> ConsistentVersion:
-    """The snapshots of several tables that belong together (409 while none exists)."""
+    """The snapshots of several tables that belong together (409 while none exists).
+
+    Taking a lease (``lease_seconds``) is a write and needs the writer role.
+    """
+    if lease_seconds is not None:
+        check_role(who, Role.WRITER, "a lease (lease_seconds)")
     return consistent(s, tables.split(","), at_or_before, lease_seconds)
 
 
-@router.post("/leases", response_model=ConsistentVersion, status_code=201)
+@router.post(
+    "/leases",
+    response_model=ConsistentVersion,
+    status_code=201,
+    dependencies=[require(Role.WRITER)],
+)
 def create_lease(body: LeaseRequest, s: Services = Depends(services)) -> ConsistentVersion:
     """Pin the consistent version of some tables against expiry."""
     return consistent(s, body.tables, body.at_or_before, body.lease_seconds)
 
 
-@router.delete("/leases/{lease_id}", status_code=204)
+@router.delete("/leases/{lease_id}", status_code=204, dependencies=[require(Role.WRITER)])
 def delete_lease(lease_id: str, s: Services = Depends(services)) -> Response:
     s.db.write(lambda session: service.delete_lease(session, lease_id))
     return Response(status_code=204)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import delete, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from metaservice.models import Lease, LeaseSnapshot
@@ -18,9 +18,3 @@ def live_lease_snapshots(
         .where(LeaseSnapshot.table_id == table_id, Lease.expires_ms > now_ms)
     )
     return list(rows)
-
-
-def delete_expired(session: Session, now_ms: int) -> int:
-    expired = select(Lease.id).where(Lease.expires_ms <= now_ms)
-    session.execute(delete(LeaseSnapshot).where(LeaseSnapshot.lease_id.in_(expired)))
-    return session.execute(delete(Lease).where(Lease.expires_ms <= now_ms)).rowcount or 0

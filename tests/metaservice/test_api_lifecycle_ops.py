@@ -263,11 +263,6 @@ def test_metrics_count_barriers_commits_and_requests(client):
     assert _metric(after, name, **put) - _metric(before, name, **put) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: with the pinned FastAPI, scope['route'] is the router's own route, so the "
-    "request histogram is labelled route='/jobs/{job}' without the /api/v1 prefix",
-)
 def test_metrics_label_requests_with_the_full_route_path(client):
     put_job(client, "labelled", ["ods.labelled"])
     text = client.get("/metrics").text

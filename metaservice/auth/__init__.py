@@ -1,0 +1,1 @@
+"""Bearer tokens and roles: who may query, who may report progress, who may administer."""
