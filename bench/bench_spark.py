@@ -32,12 +32,13 @@ import logging
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -274,7 +275,8 @@ def summarize_overhead(
         listing = g("commit.write.list_files_spark", 0.0)
         derived["commit.write.footer_read_wall"].append(write - spark_write - listing)
         derived["commit.pyiceberg_commit.manifests_and_metadata"].append(
-            g("commit.pyiceberg_commit", 0.0) - g("commit.pyiceberg_commit.catalog_commit_table", 0.0)
+            g("commit.pyiceberg_commit", 0.0)
+            - g("commit.pyiceberg_commit.catalog_commit_table", 0.0)
         )
         derived["hooks_minus_spark_parquet_write"].append(s["total"] - spark_write)
         accounted = (
@@ -314,9 +316,7 @@ def summarize_overhead(
 # --------------------------------------------------------------------------- part 2
 
 
-def measure_freshness(
-    spark: SparkSession, root: Path, seconds: int, warmup: int
-) -> dict[str, Any]:
+def measure_freshness(spark: SparkSession, root: Path, seconds: int, warmup: int) -> dict[str, Any]:
     args = argparse.Namespace(
         warehouse=str(root / "demo"),
         duration=seconds + warmup,
@@ -327,10 +327,15 @@ def measure_freshness(
     demo = demo_module.Demo(args)
     samples: list[dict[str, Any]] = []
     restarts = 0
+    failures: dict[str, int] = defaultdict(int)
+    import_s = worker_import_seconds()
+    print(f"    a fresh interpreter imports spark_barrier.source in {import_s:.1f} s", flush=True)
     with EmbeddedMetaService(demo.settings) as url:
         demo.client = MetaServiceClient(url)
         demo.catalog = iceberg_io.open_catalog(demo.db_url, str(demo.tables_dir))
+        started = time.monotonic()
         jobs, _ = demo.start_jobs(spark, url)
+        start_jobs_s = time.monotonic() - started
         try:
             t0 = time.monotonic()
             total = warmup + seconds
@@ -339,9 +344,7 @@ def measure_freshness(
                 if delay > 0:
                     time.sleep(delay)
                 if i and i % 5 == 0:
-                    before = {n: id(q) for n, q in demo.queries.items()}
-                    demo.supervise()
-                    restarts += sum(id(q) != before[n] for n, q in demo.queries.items())
+                    restarts += supervise(demo, failures)
                 sample: dict[str, Any] = {"t_s": round(time.monotonic() - t0, 2)}
                 try:
                     version = demo.client.consistent_version(CONSISTENT_TABLES)
@@ -353,7 +356,7 @@ def measure_freshness(
                     sample["table_delay_ms"] = {
                         t.name: t.delay_ms for t in demo.client.all_tables()
                     }
-                except Exception as exc:  # noqa: BLE001 - diagnostics only
+                except Exception as exc:
                     sample["table_delay_ms"] = {"error": str(exc)[:200]}
                 sample["load_1m"] = round(os.getloadavg()[0], 2)
                 samples.append(sample)
@@ -368,10 +371,43 @@ def measure_freshness(
             for job in jobs:
                 job.close()
             demo.client.close()
-    return summarize_freshness(samples, seconds, warmup, restarts)
+    result = summarize_freshness(samples, seconds, warmup, restarts)
+    result["start_jobs_seconds"] = round(start_jobs_s, 1)
+    result["query_failures"] = dict(failures)
+    result["fresh_interpreter_import_spark_barrier_source_s"] = round(import_s, 2)
+    first = next((s["t_s"] for s in samples if s["freshness_ms"] is not None), None)
+    result["first_consistent_version_after_s"] = first
+    return result
 
 
-def percentile(values: list[float], q: float) -> float:
+def supervise(demo: Any, failures: dict[str, int]) -> int:
+    """Demo.supervise, counting restarts and their reasons."""
+    restarted = 0
+    for name, query in list(demo.queries.items()):
+        if not query.isActive:
+            error = query.exception()
+            reason = str(error).splitlines()[0][:160] if error else "stopped"
+            failures[f"{name}: {reason}"] += 1
+            print(f"    query {name} failed ({reason}); restarting it from its checkpoint")
+            demo.queries[name] = demo.launchers[name]()
+            restarted += 1
+    return restarted
+
+
+def worker_import_seconds() -> float:
+    """Wall time for a fresh interpreter to import the barrier source (what a Spark
+    Python worker for the source does before it connects back; Spark allows 10 s)."""
+    start = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-c", "import spark_barrier.source"],
+        cwd=Path(__file__).resolve().parents[1],
+        check=True,
+        timeout=120,
+    )
+    return time.perf_counter() - start
+
+
+def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile."""
     ordered = sorted(values)
     rank = max(1, min(len(ordered), int(-(-q * len(ordered) // 100))))
@@ -462,6 +498,13 @@ def print_tables(out: dict[str, Any]) -> None:
             f"(during warm-up: {fr['warmup_samples_without_consistent_version']}); "
             f"query restarts: {fr['query_restarts']}"
         )
+        for reason, count in fr.get("query_failures", {}).items():
+            print(f"  {count} x {reason}")
+        print(
+            f"first consistent version after {fr.get('first_consistent_version_after_s')} s of sampling "
+            f"(start_jobs took {fr.get('start_jobs_seconds')} s); a fresh interpreter imports "
+            f"spark_barrier.source in {fr.get('fresh_interpreter_import_spark_barrier_source_s')} s"
+        )
         print(
             "per-table delay p50 (s): "
             + ", ".join(f"{n} {v / 1000:.1f}" for n, v in fr["table_delay_p50_ms"].items())
@@ -500,8 +543,14 @@ def main(argv: list[str] | None = None) -> None:
         "machine": machine_facts(),
         "loadavg": {"start": loadavg()},
     }
-    print(f"machine: {out['machine']['nproc']} CPUs, {out['machine']['cpu_model']}; load {out['loadavg']['start']}")
-    spark = spark_barrier.local_spark_builder("bench-spark").getOrCreate()
+    print(
+        f"machine: {out['machine']['nproc']} CPUs, {out['machine']['cpu_model']}; load {out['loadavg']['start']}"
+    )
+    spark = (
+        spark_barrier.local_spark_builder("bench-spark")
+        .config("spark.ui.showConsoleProgress", "false")  # keeps the output readable
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     try:
         with tempfile.TemporaryDirectory(prefix="bench-spark-") as tmp:

@@ -13,6 +13,7 @@ from rich.table import Table as RichTable
 from rich.tree import Tree
 
 from metaservice.client import MetaServiceClient, MetaServiceError
+from metaservice.reconcile.schemas import ReconcileReport
 from metaservice.settings import Settings
 
 app = typer.Typer(
@@ -83,6 +84,14 @@ def start(
     ] = None,
     workers: Annotated[int, typer.Option(help="Worker processes (uvicorn)")] = 1,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error")] = "info",
+    reconcile: Annotated[
+        bool,
+        typer.Option(
+            "--reconcile",
+            help="After migrating, catch up with the tables' stamped snapshots "
+            "(see `metaservice reconcile`)",
+        ),
+    ] = False,
 ) -> None:
     """Start the MetaService, applying database migrations first if it is behind."""
     import uvicorn
@@ -97,6 +106,8 @@ def start(
         revision = upgrade(settings.db_url)
     except Exception as exc:
         raise _fail(f"cannot prepare the database {settings.db_url}: {exc}") from exc
+    if reconcile and not _reconcile(settings, None, check=False).ok:
+        err.print("[bold yellow]warning:[/] reconciliation left conflicts; starting anyway")
     console.print(
         f"MetaService on http://{settings.host}:{settings.port} (API docs at /docs), "
         f"database {settings.db_url} at migration {revision}, "
@@ -143,6 +154,42 @@ def db_current(db: DbOption = None) -> None:
         console.print(f"database {url}: at {current_revision(engine)}, newest {head_revision()}")
     finally:
         engine.dispose()
+
+
+def _reconcile(settings: Settings, catalog_uri: str | None, check: bool) -> ReconcileReport:
+    from metaservice.reconcile.iceberg import print_report, reconcile_database
+
+    try:
+        report = reconcile_database(settings, catalog_uri=catalog_uri, check=check)
+    except Exception as exc:
+        raise _fail(f"reconciliation failed: {exc}") from exc
+    print_report(console, report)
+    return report
+
+
+@app.command("reconcile")
+def reconcile_tables(
+    db: DbOption = None,
+    catalog_uri: Annotated[
+        str | None,
+        typer.Option(
+            help="pyiceberg SqlCatalog URL. Default: METASERVICE_CATALOG_URI, else the "
+            "database URL (the catalog shares the MetaService database)",
+            show_default=False,
+        ),
+    ] = None,
+    warehouse: Annotated[
+        str | None, typer.Option(help="Warehouse folder. Default: METASERVICE_WAREHOUSE")
+    ] = None,
+    check: Annotated[bool, typer.Option("--check", help="Only report; change nothing")] = False,
+) -> None:
+    """Rebuild the barrier-to-snapshot mapping from the stamps in the tables' snapshots.
+
+    Exits with 1 when a stamp conflicts with the database or a table cannot be read.
+    """
+    report = _reconcile(_settings(db_url=db, warehouse=warehouse), catalog_uri, check)
+    if not report.ok:
+        raise typer.Exit(code=1)
 
 
 @app.command()

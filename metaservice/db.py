@@ -97,7 +97,15 @@ class Database:
         write_bind = (
             self.engine.execution_options(sqlite_immediate=True) if self.sqlite else self.engine
         )
-        self._read = sessionmaker(bind=self.engine, expire_on_commit=False)
+        # A query reads several rows that move together (a job's frontier and its open
+        # batches): it must see one snapshot. SQLite's WAL read transactions do;
+        # PostgreSQL needs REPEATABLE READ (read-only, so it never fails to serialise).
+        read_bind = (
+            self.engine
+            if self.sqlite
+            else self.engine.execution_options(isolation_level="REPEATABLE READ")
+        )
+        self._read = sessionmaker(bind=read_bind, expire_on_commit=False)
         self._write = sessionmaker(bind=write_bind, expire_on_commit=False)
 
     def write(self, fn: Callable[[Session], T]) -> T:

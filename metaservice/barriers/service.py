@@ -268,11 +268,13 @@ def _record(
     )
     session.flush()
     if repo.count_batch_commits(session, job.id, report.batch_id) >= scope.outputs[job.id]:
-        _complete_batch(ctx, job, batch)
+        complete_batch(ctx, job, batch)
     return _result(report, "recorded", batch.committed)
 
 
-def _complete_batch(ctx: Context, job: Job, batch: Batch) -> None:
+def complete_batch(ctx: Context, job: Job, batch: Batch) -> None:
+    """Mark a batch committed once every output is recorded and move the job's progress
+    (also used by reconciliation, so both paths complete a batch the same way)."""
     batch.committed = True
     batch.committed_ms = ctx.now_ms()
     job.last_barrier = max(job.last_barrier or 0, batch.barrier)

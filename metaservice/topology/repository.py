@@ -12,7 +12,14 @@ from metaservice.errors import NotFound
 from metaservice.models import Batch, ClockState, Commit, Job, JobInput, Table
 
 
+def storable(name: str) -> bool:
+    """Text a database can hold: PostgreSQL refuses NUL, so such a name never exists."""
+    return "\x00" not in name
+
+
 def job_by_name(session: Session, name: str) -> Job | None:
+    if not storable(name):
+        return None
     return session.execute(select(Job).where(Job.name == name)).scalar_one_or_none()
 
 
@@ -27,6 +34,8 @@ def require_job(session: Session, name: str, field: str = "job") -> Job:
 
 
 def table_by_name(session: Session, name: str) -> Table | None:
+    if not storable(name):
+        return None
     return session.execute(select(Table).where(Table.name == name)).scalar_one_or_none()
 
 
@@ -40,6 +49,7 @@ def require_table(session: Session, name: str, field: str = "table") -> Table:
 
 
 def tables_by_names(session: Session, names: Sequence[str]) -> dict[str, Table]:
+    names = [n for n in names if storable(n)]
     if not names:
         return {}
     rows = session.execute(select(Table).where(Table.name.in_(names))).scalars()

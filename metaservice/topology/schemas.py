@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+NO_NUL = r"^[^\x00]*$"  # PostgreSQL text cannot hold NUL characters
+
 
 class JobSpec(BaseModel):
     """The body of ``PUT /jobs/{job}``."""
@@ -10,7 +12,7 @@ class JobSpec(BaseModel):
 
     inputs: list[str] = Field(default_factory=list, max_length=1000, examples=[["ods.orders"]])
     outputs: list[str] = Field(min_length=1, max_length=1000, examples=[["dwd.order_detail"]])
-    description: str = Field("", max_length=10_000)
+    description: str = Field("", max_length=10_000, pattern=NO_NUL)
 
 
 class JobView(BaseModel):
@@ -53,8 +55,8 @@ class JobEvent(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     event: str = Field(pattern="^(started|progress|terminated|failed)$")
-    run_id: str | None = Field(None, max_length=100)
+    run_id: str | None = Field(None, max_length=100, pattern=NO_NUL)
     batch_id: int | None = Field(None, ge=0)
     num_input_rows: int | None = Field(None, ge=0)
     duration_ms: int | None = Field(None, ge=0)
-    message: str | None = Field(None, max_length=10_000)
+    message: str | None = Field(None, max_length=10_000, pattern=NO_NUL)

@@ -129,7 +129,7 @@ def create_lease(
 
 
 def delete_lease(session: Session, lease_id: str) -> None:
-    lease = session.get(Lease, lease_id)
+    lease = session.get(Lease, lease_id) if topo.storable(lease_id) else None
     if lease is None:
         raise NotFound(
             f"lease '{lease_id}' does not exist (it may have ended already)", field="lease_id"

@@ -96,11 +96,17 @@ def _database(backend: str) -> Iterator[str]:
 
 
 @contextmanager
-def simulated(backend: str, topology: Topology, checks: set[str]) -> Iterator[Simulation]:
-    """The service on a fresh database and a manual clock, with the topology registered."""
+def simulated(
+    backend: str, topology: Topology, checks: set[str], window: int | None = None
+) -> Iterator[Simulation]:
+    """The service on a fresh database and a manual clock, with the topology registered.
+    ``window``: the service's catch-up window (slots a lagging derived job takes per batch)."""
     with _database(backend) as url:
         clock = ManualClock(START_MS)
-        with TestClient(create_app(Settings(db_url=url), clock)) as client:
+        config = Settings(db_url=url)
+        if window is not None:
+            config = config.model_copy(update={"catchup_window_slots": window})
+        with TestClient(create_app(config, clock)) as client:
             sim = Simulation(client, clock, topology, checks=checks, log=note)
             sim.register()
             yield sim
@@ -117,9 +123,10 @@ class Scenario:
     steps: tuple[Step, ...]
     laggards: tuple[str, ...] = ()
     lag: int = 0
+    window: int | None = None
 
     def __repr__(self) -> str:
-        lines = [f"Scenario({self.topology!r}"]
+        lines = [f"Scenario({self.topology!r}" + (f", window={self.window}" if self.window else "")]
         lines += [f"    {step!r}," for step in self.steps]
         if self.laggards or self.lag:
             lines.append(f"    then {self.lag} slots with {list(self.laggards)} stalled")
@@ -134,6 +141,7 @@ def scenarios(  # type: ignore[no-untyped-def]
     max_sources: int = 3,
     max_derived: int = 4,
     max_lag: int = 0,
+    windows: tuple[int, ...] = (),
 ) -> Scenario:
     topology = draw(topologies(max_sources, max_derived))
     steps = draw(schedules(topology, weights, max_size=max_steps))
@@ -145,7 +153,10 @@ def scenarios(  # type: ignore[no-untyped-def]
             draw(st.lists(st.sampled_from(names), min_size=1, max_size=2, unique=True))
         )
         lag = draw(st.integers(0, max_lag))
-    return Scenario(topology, tuple(steps), laggards, lag)
+    # A small catch-up window makes lagging jobs coalesce less than the lag, so their
+    # targets are not always barriers their derived inputs committed.
+    window = draw(st.sampled_from(windows)) if windows else None
+    return Scenario(topology, tuple(steps), laggards, lag, window)
 
 
 def _table_sets(topology: Topology) -> list[tuple[str, ...]]:
@@ -171,11 +182,11 @@ G1_WEIGHTS = {
 
 @pytest.mark.slow
 @_settings(examples=20)
-@given(scenario=scenarios(G1_WEIGHTS, max_steps=30))
+@given(scenario=scenarios(G1_WEIGHTS, max_steps=30, windows=(64, 2, 3)))
 def test_g1_consistent_versions_equal_the_oracle(backend: str, scenario: Scenario) -> None:
     """Every consistent version (with or without at_or_before and leases), and every
     table at its frontier, holds exactly the source data up to its barrier."""
-    with simulated(backend, scenario.topology, {G1}) as sim:
+    with simulated(backend, scenario.topology, {G1}, scenario.window) as sim:
         for step in scenario.steps:
             sim.apply(step)
         # Let every job run a couple of slots, then look at the whole topology.
@@ -201,7 +212,7 @@ def _trails_by_at_most_one_interval(
 
 @pytest.mark.slow
 @_settings(examples=10)
-@given(scenario=scenarios(G2_WEIGHTS, max_steps=8, max_sources=2, max_derived=4, max_lag=8))
+@given(scenario=scenarios(G2_WEIGHTS, max_steps=8, max_sources=2, max_derived=4, max_lag=8, windows=(64, 4)))
 def test_g2_versions_keep_up_and_catch_up_realigns(backend: str, scenario: Scenario) -> None:
     """After random progress and a phase in which some derived jobs stall while the
     rest keep up, every job runs every slot: within a bounded number of slots each
@@ -209,7 +220,7 @@ def test_g2_versions_keep_up_and_catch_up_realigns(backend: str, scenario: Scena
     interval, and from then on it advances every slot. Consistent versions never
     go back."""
     topology = scenario.topology
-    with simulated(backend, topology, set()) as sim:
+    with simulated(backend, topology, set(), scenario.window) as sim:
         for step in scenario.steps:
             sim.apply(step)
         sim.steady_step()  # every job has committed once: later batches are catch-up batches
@@ -218,9 +229,14 @@ def test_g2_versions_keep_up_and_catch_up_realigns(backend: str, scenario: Scena
         fronts = sim.frontiers()
         lag_slots = (sim.now_slot() - INTERVAL_MS - min(fronts.values())) // INTERVAL_MS
         depth = max(topology.depth(t) for t in topology.tables)
-        # Each catch-up batch ends on the most aligned barrier within reach, which at
-        # least halves the lag; a level can only align once its inputs have.
-        bound = depth * (math.ceil(math.log2(lag_slots + 1)) + 2) + 1
+        # A catch-up batch takes at most `window` slots and ends on the most aligned
+        # barrier within reach, which at least halves what is left of the lag; a level
+        # of the topology can only align once its inputs have.
+        window = scenario.window or 64
+        bound = (
+            depth * (math.ceil(lag_slots / (window - 1)) + math.ceil(math.log2(lag_slots + 1)) + 2)
+            + 1
+        )
         steady = 3  # slots checked after convergence
         sets = [tuple(topology.tables)] + [
             tuple(sorted({job.output, *job.inputs}))
@@ -285,12 +301,12 @@ G3_WEIGHTS = {
 
 @pytest.mark.slow
 @_settings(examples=20)
-@given(scenario=scenarios(G3_WEIGHTS, max_steps=30))
+@given(scenario=scenarios(G3_WEIGHTS, max_steps=30, windows=(64, 2)))
 def test_g3_replays_and_reports_are_exactly_once(backend: str, scenario: Scenario) -> None:
     """Replayed batches (open or finished) get the same barrier and input ranges;
     duplicate reports answer 'duplicate' and change nothing; conflicting reports,
     alone or inside a batch with valid ones, get 409 and change nothing."""
-    with simulated(backend, scenario.topology, {G3}) as sim:
+    with simulated(backend, scenario.topology, {G3}, scenario.window) as sim:
         for step in scenario.steps:
             sim.apply(step)
         # Every crashed batch is finished by its replay, recorded exactly once.
@@ -321,11 +337,11 @@ G5_WEIGHTS = {
 
 @pytest.mark.slow
 @_settings(examples=20)
-@given(scenario=scenarios(G5_WEIGHTS, max_steps=30))
+@given(scenario=scenarios(G5_WEIGHTS, max_steps=30, windows=(64, 2)))
 def test_g5_expiry_plans_never_list_a_snapshot_in_use(backend: str, scenario: Scenario) -> None:
     """No plan lists the current snapshot, a snapshot of a live lease, or the start
     snapshot of a derived reader (computed from the simulator's own records)."""
-    with simulated(backend, scenario.topology, {G5}) as sim:
+    with simulated(backend, scenario.topology, {G5}, scenario.window) as sim:
         for step in scenario.steps:
             sim.apply(step)
         for table in scenario.topology.tables:
