@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 import re
 
-import pytest
 from fastapi.testclient import TestClient
 
 from metaservice.app import create_app

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from tests.metaservice.helpers import (
     API,
     SLOT,
