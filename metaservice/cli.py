@@ -12,7 +12,10 @@ from rich.console import Console
 from rich.table import Table as RichTable
 from rich.tree import Tree
 
+from metaservice.auth.schemas import Role
 from metaservice.client import MetaServiceClient, MetaServiceError
+from metaservice.context import Context
+from metaservice.db import Database
 from metaservice.reconcile.schemas import ReconcileReport
 from metaservice.settings import Settings
 
@@ -84,6 +87,21 @@ def start(
     ] = None,
     workers: Annotated[int, typer.Option(help="Worker processes (uvicorn)")] = 1,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error")] = "info",
+    auth_required: Annotated[
+        bool,
+        typer.Option(
+            "--auth-required",
+            help="Require a bearer token on /api/v1 (METASERVICE_AUTH_REQUIRED); "
+            "make one with `metaservice token create`",
+        ),
+    ] = False,
+    ssl_keyfile: Annotated[
+        str | None,
+        typer.Option(help="Serve HTTPS with this private key (PEM), with --ssl-certfile"),
+    ] = None,
+    ssl_certfile: Annotated[
+        str | None, typer.Option(help="Serve HTTPS with this certificate chain (PEM)")
+    ] = None,
     reconcile: Annotated[
         bool,
         typer.Option(
@@ -98,7 +116,15 @@ def start(
 
     from metaservice.migrate import upgrade
 
-    settings = _settings(port=port, host=host, db_url=db, barrier_interval_ms=barrier_interval_ms)
+    settings = _settings(
+        port=port,
+        host=host,
+        db_url=db,
+        barrier_interval_ms=barrier_interval_ms,
+        auth_required=auth_required or None,
+    )
+    if (ssl_keyfile is None) != (ssl_certfile is None):
+        raise _fail("--ssl-keyfile and --ssl-certfile go together")
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -109,7 +135,8 @@ def start(
     if reconcile and not _reconcile(settings, None, check=False).ok:
         err.print("[bold yellow]warning:[/] reconciliation left conflicts; starting anyway")
     console.print(
-        f"MetaService on http://{settings.host}:{settings.port} (API docs at /docs), "
+        f"MetaService on {'https' if ssl_certfile else 'http'}://{settings.host}:{settings.port} "
+        f"(API docs at /docs), auth {'required' if settings.auth_required else 'off'}, "
         f"database {settings.db_url} at migration {revision}, "
         f"barrier interval {settings.barrier_interval_ms} ms"
     )
@@ -119,6 +146,13 @@ def start(
         ("BARRIER_INTERVAL_MS", settings.barrier_interval_ms),
     ):
         os.environ[f"METASERVICE_{key}"] = str(value)
+    if settings.auth_required:
+        os.environ["METASERVICE_AUTH_REQUIRED"] = "true"
+    if settings.auth_required and not _token_count(settings.db_url):
+        err.print(
+            "[bold yellow]warning:[/] auth is required but no token exists yet; make one "
+            "with `metaservice token create --role admin`"
+        )
     uvicorn.run(
         "metaservice.app:create_app",
         factory=True,
@@ -126,6 +160,8 @@ def start(
         port=settings.port,
         workers=workers,
         log_level=log_level,
+        ssl_keyfile=ssl_keyfile,
+        ssl_certfile=ssl_certfile,
     )
 
 
@@ -154,6 +190,99 @@ def db_current(db: DbOption = None) -> None:
         console.print(f"database {url}: at {current_revision(engine)}, newest {head_revision()}")
     finally:
         engine.dispose()
+
+
+token_app = typer.Typer(
+    help="Manage API tokens, directly in the database (no running service needed).",
+    no_args_is_help=True,
+)
+app.add_typer(token_app, name="token")
+
+
+def _token_db(db: str | None) -> tuple[Context, Database]:
+    """The settings' database, migrated (a fresh one is often first touched by `token create`)."""
+    from metaservice.migrate import upgrade
+
+    settings = _settings(db_url=db)
+    try:
+        upgrade(settings.db_url)
+    except Exception as exc:
+        raise _fail(f"cannot prepare the database {settings.db_url}: {exc}") from exc
+    return Context(settings=settings), Database(settings.db_url)
+
+
+def _token_count(url: str) -> int:
+    from metaservice.auth import repository
+
+    database = Database(url)
+    try:
+        return database.read(repository.count)
+    finally:
+        database.dispose()
+
+
+@token_app.command("create")
+def token_create(
+    role: Annotated[Role, typer.Option(help="What the token may do", case_sensitive=False)],
+    description: Annotated[str, typer.Option(help="Whom or what the token is for")] = "",
+    db: DbOption = None,
+) -> None:
+    """Issue a token; it is printed alone on the last line: `TOKEN=$(... | tail -n 1)`."""
+    from metaservice.auth import service as auth_service
+
+    if len(description) > 1000:
+        raise _fail("--description is longer than 1000 characters")
+    ctx, database = _token_db(db)
+    try:
+        created = database.write(
+            lambda session: auth_service.create_token(session, ctx, role, description)
+        )
+    finally:
+        database.dispose()
+    typer.echo(
+        f"token {created.id} with role {created.role.value} created; the database keeps only "
+        "its hash, so this is the one time it is shown:"
+    )
+    typer.echo(created.token)
+
+
+@token_app.command("list")
+def token_list(db: DbOption = None) -> None:
+    """Show every token's id, role, description and creation time (never the token)."""
+    from rich.markup import escape
+
+    from metaservice.auth import service as auth_service
+
+    _, database = _token_db(db)
+    try:
+        page = database.read(lambda session: auth_service.list_tokens(session, 2**31 - 1, 0))
+    finally:
+        database.dispose()
+    table = RichTable(title=f"{page.total} tokens")
+    for col in ("id", "role", "description", "created"):
+        table.add_column(col)
+    for t in page.items:
+        table.add_row(str(t.id), t.role.value, escape(t.description), _time(t.created_ms))
+    console.print(table)
+
+
+@token_app.command("revoke")
+def token_revoke(
+    token_id: Annotated[int, typer.Argument(help="The token's id (see `metaservice token list`)")],
+    db: DbOption = None,
+) -> None:
+    """Revoke a token: requests presenting it are refused with 401 from now on."""
+    from metaservice.auth import service as auth_service
+    from metaservice.errors import NotFound
+
+    _, database = _token_db(db)
+    try:
+        database.write(lambda session: auth_service.revoke_token(session, token_id))
+    except NotFound as exc:
+        raise _fail(exc.message) from exc
+    finally:
+        database.dispose()
+    console.print(f"token {token_id} revoked")
 
 
 def _reconcile(settings: Settings, catalog_uri: str | None, check: bool) -> ReconcileReport:

@@ -267,7 +267,9 @@ def _record(
         )
     )
     session.flush()
-    if repo.count_batch_commits(session, job.id, report.batch_id) >= scope.outputs[job.id]:
+    # A batch completes once; a job that gained an output later must not count it twice.
+    complete = repo.count_batch_commits(session, job.id, report.batch_id) >= scope.outputs[job.id]
+    if complete and not batch.committed:
         complete_batch(ctx, job, batch)
     return _result(report, "recorded", batch.committed)
 

@@ -116,11 +116,14 @@ def reconcile_database(
 
 def print_report(console: Console, report: ReconcileReport) -> None:
     """A readable summary: one line per table, then each change and each problem."""
-    console.print(
+
+    def out(line: str) -> None:  # no wrapping: one fact per line, for grep and logs
+        console.print(line, highlight=False, soft_wrap=True)
+
+    out(
         "[bold]reconcile --check[/] (dry run: nothing was changed)"
         if report.check
-        else "[bold]reconcile[/]",
-        highlight=False,
+        else "[bold]reconcile[/]"
     )
     would = "would add" if report.check else "added"
     for t in report.tables:
@@ -128,7 +131,7 @@ def print_report(console: Console, report: ReconcileReport) -> None:
         if t.writer:
             head += f" (writer {escape(t.writer)})"
         if t.error:
-            console.print(f"{head}: [bold red]error:[/] {escape(t.error)}", highlight=False)
+            out(f"{head}: [bold red]error:[/] {escape(t.error)}")
             continue
         counts = (
             f"{t.stamped} stamped, {t.already_present} already present, "
@@ -136,37 +139,31 @@ def print_report(console: Console, report: ReconcileReport) -> None:
             f"{len(t.conflicts)} conflicts, {len(t.skipped)} skipped"
         )
         note = f" [dim]({escape(t.note)})[/]" if t.note else ""
-        console.print(f"{head}: {counts}{note}", highlight=False)
+        out(f"{head}: {counts}{note}")
         for r in t.added:
-            console.print(
+            out(
                 f"    {would} batch {r.batch_id} of {escape(r.job)}: snapshot {r.snapshot_id} "
-                f"at barrier {r.barrier}",
-                highlight=False,
+                f"at barrier {r.barrier}"
             )
         for r in t.closed_empty:
-            console.print(
+            out(
                 f"    {would} empty commit of batch {r.batch_id} of {escape(r.job)} "
-                f"at barrier {r.barrier} (a later batch is committed)",
-                highlight=False,
+                f"at barrier {r.barrier} (a later batch is committed)"
             )
         for i in t.conflicts:
-            console.print(
+            out(
                 f"    [bold red]conflict[/] {i.code}: snapshot {i.snapshot_id} stamped batch "
-                f"{i.batch_id} of {escape(i.job)} at barrier {i.barrier}: {escape(i.message)}",
-                highlight=False,
+                f"{i.batch_id} of {escape(i.job)} at barrier {i.barrier}: {escape(i.message)}"
             )
         for i in t.skipped:
-            console.print(
-                f"    skipped snapshot {i.snapshot_id}: {escape(i.message)}", highlight=False
-            )
+            out(f"    skipped snapshot {i.snapshot_id}: {escape(i.message)}")
     clock = (
         f"barrier clock {report.last_issued_before} -> {report.last_issued_after}"
         if report.last_issued_after != report.last_issued_before
         else f"barrier clock unchanged at {report.last_issued_before}"
     )
-    console.print(
+    out(
         f"{len(report.tables)} tables: {report.already_present} already present, "
         f"{report.added} {would}, {report.conflicts} conflicts, {report.errors} unreadable; "
-        f"{clock}",
-        highlight=False,
+        f"{clock}"
     )

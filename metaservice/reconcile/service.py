@@ -199,7 +199,7 @@ class _Reconciliation:
                 while open_batches and open_batches[0].batch_id < stamp.batch_id:
                     finished = open_batches.pop(0)
                     if not finished.committed:
-                        pass
+                        self._close_empty(job, outputs, finished)
             if isinstance(verdict, _Present):
                 report.already_present += 1
                 continue

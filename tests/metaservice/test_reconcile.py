@@ -249,9 +249,7 @@ def reference(reference_url: str, clock: ManualClock) -> Iterator[TestClient]:
         yield c
 
 
-def restored(
-    client: TestClient, reference: TestClient, clock: ManualClock, lake: Lake
-) -> Pipeline:
+def restored(client: TestClient, reference: TestClient, clock: ManualClock, lake: Lake) -> Pipeline:
     """``client`` got the first half of the reports, ``reference`` and the tables all."""
     pipeline = Pipeline(lake, clock, client, reference)
     cut = pipeline.first_half()
@@ -322,6 +320,24 @@ def test_a_restored_service_catches_up_with_the_tables(
     assert barrier(client, "src", 8)["barrier"] > max(lake.stamped)
     put_job(client, "late", ["ods.late"])
     assert barrier(client, "late", 0)["barrier"] >= max(lake.stamped)
+
+
+def test_on_a_clock_behind_the_stamps_no_consumed_barrier_is_issued_again(
+    db_url: str, client: TestClient, reference: TestClient, clock: ManualClock, lake: Lake
+) -> None:
+    pipeline = restored(client, reference, clock, lake)
+    # der reads ods.orders as complete up to src's last barrier
+    last = pipeline.batch("der", 5, BOTH)
+    assert last == max(lake.stamped) == T0 + 7 * SLOT
+    # The restored service's clock is behind the one that let der commit: in src's last slot.
+    # (A clock behind the stamps themselves gets barrier_from_future conflicts instead.)
+    clock.set(last + SLOT // 2)
+
+    report = run_reconcile(db_url, clock, lake.catalog)
+    assert report.ok and report.added == 11
+    assert get_json(client, "/jobs/der")["frontier"] == last
+    # batch 8 of src would share batch 7's slot, which der already took as complete
+    assert barrier(client, "src", 8)["barrier"] > last
 
 
 def _sqlite_copy(src: Path, dst: Path) -> None:
