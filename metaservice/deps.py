@@ -79,7 +79,7 @@ def require(role: Role) -> params.Depends:
         auth_service.check_role(who, role)
         return who
 
-    return Depends(check)
+    return params.Depends(check)
 
 
 def metrics_access(
