@@ -137,12 +137,13 @@ def _route_label(request: Request) -> str:
     Depending on the FastAPI version the matched route carries its path with or
     without the prefix it was included under; every API router is under API_PREFIX.
     """
-    path = getattr(request.scope.get("route"), "path", None)
-    if path is None:
+    route_path = getattr(request.scope.get("route"), "path", None)
+    if route_path is None:
         return "unmatched"
+    path = str(route_path)
     if request.url.path.startswith(API_PREFIX + "/") and not path.startswith(API_PREFIX):
         return API_PREFIX + path
-    return str(path)
+    return path
 
 
 class BodyLimit:
