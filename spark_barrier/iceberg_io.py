@@ -673,10 +673,16 @@ def _write_data_files(df: DataFrame, folder: str, table: Table) -> list[DataFile
 
 
 def _list_parquet_files(spark: SparkSession, schema: T.StructType, folder: str) -> list[str]:
-    # Spark's own listing works for every filesystem Spark can write to. Its paths
-    # may come back in another spelling (`file:/x` vs `file:///x`), so keep only the
-    # names and re-root them at `folder`, the spelling the table's location uses.
-    listed = spark.read.schema(schema).parquet(folder).inputFiles()
+    # Listing through pyarrow costs well under a millisecond; planning a Spark read
+    # just to call inputFiles() cost 65-145 ms a batch (bench/bench_spark.py). Spark's
+    # listing remains the fallback for filesystems pyarrow cannot open. Either way,
+    # keep only the names and re-root them at `folder`, the spelling of the table's
+    # location (Spark answers `file:/x` where the table says `file:///x`).
+    try:
+        fs, path = pafs.FileSystem.from_uri(folder)
+        listed = [info.path for info in fs.get_file_info(pafs.FileSelector(path))]
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError):
+        listed = spark.read.schema(schema).parquet(folder).inputFiles()
     names = sorted({Path(unquote(urlparse(p).path)).name for p in listed})
     return [f"{folder}/{n}" for n in names if n.endswith(".parquet")]
 
