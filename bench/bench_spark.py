@@ -370,7 +370,7 @@ def measure_freshness(spark: SparkSession, root: Path, seconds: int, warmup: int
                     print(f"    [{sample['t_s']:5.0f}s {phase}] freshness {shown}", flush=True)
         finally:
             for q in demo.queries.values():
-                q.stop()
+                spark_barrier.stop_between_batches(q)
             for job in jobs:
                 job.close()
             demo.client.close()

@@ -162,9 +162,9 @@ class Demo:
             try:
                 self.watch(spark)
             finally:
-                print("stopping the streaming queries ...")
+                print("stopping the streaming queries between batches ...")
                 for q in self.queries.values():
-                    q.stop()
+                    spark_barrier.stop_between_batches(q)
                 for job in jobs:
                     job.close()
             self.report(spark)
@@ -285,13 +285,18 @@ class Demo:
             f"  consistent version at barrier {read.version.barrier} ({age:.1f}s old), "
             f"snapshots {read.version.snapshots}: revenue == sum(amount) for {compared} items: {verdict}"
         )
-        detail_latest = read_snapshot(spark, self.catalog.load_table(DETAIL), None)
-        revenue_latest = read_snapshot(spark, self.catalog.load_table(REVENUE), None)
+        detail_latest = self._latest(spark, DETAIL)
+        revenue_latest = self._latest(spark, REVENUE)
         compared, wrong = revenue_mismatches(detail_latest, revenue_latest)
         print(
             f"  latest snapshots (no coordination): {wrong} of {compared} items disagree"
             + (" - expected, they are not a consistent pair" if wrong else "")
         )
+
+    def _latest(self, spark: SparkSession, name: str) -> DataFrame:
+        table = self.catalog.load_table(name)
+        current = table.current_snapshot()
+        return read_snapshot(spark, table, current.snapshot_id if current else None)
 
     def report(self, spark: SparkSession) -> None:
         print("\n== lineage of dws.item_revenue (upstream) ==")
@@ -339,6 +344,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # A batch interrupted at shutdown is replayed on the next run; its trace is noise.
+    logging.getLogger("py4j").setLevel(logging.CRITICAL)
     Demo(args).run()
 
 

@@ -12,6 +12,7 @@ from spark_barrier.job import (
     BarrierSink,
     BatchContext,
     register,
+    stop_between_batches,
 )
 from spark_barrier.reads import ConsistentRead, read_at_barrier, read_consistent
 from spark_barrier.spark_session import local_spark_builder
@@ -26,4 +27,5 @@ __all__ = [
     "read_at_barrier",
     "read_consistent",
     "register",
+    "stop_between_batches",
 ]

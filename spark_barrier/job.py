@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,6 +208,18 @@ class BarrierSink:
                 "snapshot_id": snapshot,
             }
         )
+
+
+def stop_between_batches(query: StreamingQuery, timeout: float = 60.0) -> None:
+    """Stop ``query`` when no batch is running, so no commit is interrupted halfway.
+
+    Interrupting a batch is safe (the next run replays it exactly once) but noisy;
+    after ``timeout`` seconds the query is stopped anyway.
+    """
+    deadline = time.monotonic() + timeout
+    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    query.stop()
 
 
 _listeners: dict[tuple[int, str], BarrierListener] = {}

@@ -43,7 +43,7 @@ def main(url: str, db_url: str, warehouse: str, state_dir: str, until: int) -> i
             time.sleep(0.3)
         return 0
     finally:
-        query.stop()
+        spark_barrier.stop_between_batches(query)
         job.close()
         spark.stop()
 

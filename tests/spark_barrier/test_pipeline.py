@@ -38,7 +38,7 @@ def _register(spark, service: Service, **kwargs):  # type: ignore[no-untyped-def
 
 def _stop(queries, jobs) -> None:  # type: ignore[no-untyped-def]
     for q in queries:
-        q.stop()
+        spark_barrier.stop_between_batches(q)
     for job in jobs:
         job.close()
 
