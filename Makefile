@@ -32,6 +32,7 @@ lint: install
 bench: install
 	$(PY) -m bench.bench_service --out bench/results/service.json
 	$(PY) -m bench.bench_outbox --out bench/results/outbox.json
+	$(PY) -m bench.bench_spark --out bench/results/spark.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis demo-warehouse
