@@ -26,17 +26,16 @@ from metaservice.lifecycle.endpoints import router as lifecycle_router
 from metaservice.lineage.endpoints import router as lineage_router
 from metaservice.metrics import REQUESTS
 from metaservice.ops.endpoints import router as ops_router
-from metaservice.schemas_common import ErrorBody
+from metaservice.schemas_common import error_responses
 from metaservice.settings import Settings
 from metaservice.topology.endpoints import router as topology_router
 from metaservice.versions.endpoints import router as versions_router
 
 log = logging.getLogger("metaservice")
 API_PREFIX = "/api/v1"
-AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorBody, "description": "Auth is on and the request has no known token"},
-    403: {"model": ErrorBody, "description": "The token's role is too small for this request"},
-}
+# Every /api/v1 route may answer these; 422 is the service's ErrorBody, not FastAPI's
+# default HTTPValidationError. Routes declare their other errors (404, 409, 413, ...).
+API_ERRORS = error_responses(401, 403, 422)
 
 
 def create_app(settings: Settings | None = None, clock: Clock | None = None) -> FastAPI:
@@ -75,7 +74,7 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
         lifecycle_router,
         auth_router,
     ):
-        app.include_router(router, prefix=API_PREFIX, responses=AUTH_ERRORS)
+        app.include_router(router, prefix=API_PREFIX, responses=API_ERRORS)
     app.include_router(ops_router)
     _install_error_handlers(app)
     app.middleware("http")(_observe)

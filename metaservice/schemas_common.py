@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -26,3 +26,19 @@ class ErrorBody(BaseModel):
     code: str = Field(examples=["conflict"])
     message: str
     field: str | None = None
+
+
+ERROR_DESCRIPTIONS = {
+    400: "The request body is not valid JSON",
+    401: "Auth is on and the request has no known token",
+    403: "The token's role is too small for this request",
+    404: "A job, table, lease, snapshot or token that does not exist",
+    409: "Contradicts what is recorded (cycle, second writer, out-of-order batch, no version yet)",
+    413: "Past a configured bound (body size, page size, tables per query, lineage depth)",
+    422: "The request is well-formed but breaks a rule",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses=`` entries for error statuses, all answered with ErrorBody."""
+    return {s: {"model": ErrorBody, "description": ERROR_DESCRIPTIONS[s]} for s in statuses}

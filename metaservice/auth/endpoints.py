@@ -5,12 +5,14 @@ from fastapi import APIRouter, Depends, Path, Response
 from metaservice.auth import service
 from metaservice.auth.schemas import Role, TokenCreated, TokenRequest, TokenView
 from metaservice.deps import Paging, Services, paging, require, services
-from metaservice.schemas_common import Page
+from metaservice.schemas_common import Page, error_responses
 
 router = APIRouter(tags=["tokens"], dependencies=[require(Role.ADMIN)])
 
 
-@router.post("/tokens", response_model=TokenCreated, status_code=201)
+@router.post(
+    "/tokens", response_model=TokenCreated, status_code=201, responses=error_responses(400, 413)
+)
 def create_token(body: TokenRequest, s: Services = Depends(services)) -> TokenCreated:
     """Issue a token. Its text is in this answer only: the service stores just its hash."""
     return s.db.write(
@@ -18,13 +20,13 @@ def create_token(body: TokenRequest, s: Services = Depends(services)) -> TokenCr
     )
 
 
-@router.get("/tokens", response_model=Page[TokenView])
+@router.get("/tokens", response_model=Page[TokenView], responses=error_responses(413))
 def list_tokens(page: Paging = Depends(paging), s: Services = Depends(services)) -> Page[TokenView]:
     """Every token's id, role and description (never the token itself)."""
     return s.db.read(lambda session: service.list_tokens(session, page.limit, page.offset))
 
 
-@router.delete("/tokens/{token_id}", status_code=204)
+@router.delete("/tokens/{token_id}", status_code=204, responses=error_responses(404))
 def revoke_token(
     token_id: int = Path(ge=1, le=2**31 - 1), s: Services = Depends(services)
 ) -> Response:

@@ -16,6 +16,7 @@ from metaservice.barriers.schemas import (
 from metaservice.deps import Services, require, services
 from metaservice.errors import TooLarge
 from metaservice.metrics import BARRIERS, COMMITS
+from metaservice.schemas_common import error_responses
 
 router = APIRouter(tags=["barriers"], dependencies=[require(Role.READER)])
 
@@ -23,6 +24,7 @@ router = APIRouter(tags=["barriers"], dependencies=[require(Role.READER)])
 @router.post(
     "/jobs/{job}/batches/{batch_id}/barrier",
     response_model=BatchBarrier,
+    responses=error_responses(404, 409),
     dependencies=[require(Role.WRITER)],
 )
 def batch_barrier(
@@ -42,14 +44,22 @@ def batch_barrier(
 
 # A GET, but it fixes the job's next target: a writer's call.
 @router.get(
-    "/jobs/{job}/next-barrier", response_model=NextBarrier, dependencies=[require(Role.WRITER)]
+    "/jobs/{job}/next-barrier",
+    response_model=NextBarrier,
+    responses=error_responses(404, 409),
+    dependencies=[require(Role.WRITER)],
 )
 def next_barrier(job: str, s: Services = Depends(services)) -> NextBarrier:
     """The aligned target a derived job's barrier sources report as their latest offset."""
     return s.db.write(lambda session: service.next_barrier(session, s.ctx, job))
 
 
-@router.post("/commits", response_model=CommitResult, dependencies=[require(Role.WRITER)])
+@router.post(
+    "/commits",
+    response_model=CommitResult,
+    responses=error_responses(400, 404, 409, 413),
+    dependencies=[require(Role.WRITER)],
+)
 def report_commit(report: CommitReport, s: Services = Depends(services)) -> CommitResult:
     """Report that a job's batch committed a snapshot (idempotent; 409 on a conflicting report)."""
     result = s.db.write(lambda session: service.report_commits(session, s.ctx, [report]))
@@ -58,7 +68,10 @@ def report_commit(report: CommitReport, s: Services = Depends(services)) -> Comm
 
 
 @router.post(
-    "/commits/batch", response_model=CommitBatchResult, dependencies=[require(Role.WRITER)]
+    "/commits/batch",
+    response_model=CommitBatchResult,
+    responses=error_responses(400, 404, 409, 413),
+    dependencies=[require(Role.WRITER)],
 )
 def report_commits(
     body: CommitBatch = Body(description="Many reports; each is idempotent on its own"),

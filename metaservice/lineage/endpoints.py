@@ -7,11 +7,12 @@ from metaservice.barriers.schemas import MAX_SIGNED_64
 from metaservice.deps import Services, require, services
 from metaservice.lineage import service
 from metaservice.lineage.schemas import LineageGraph, SnapshotLineage
+from metaservice.schemas_common import error_responses
 
 router = APIRouter(tags=["lineage"], dependencies=[require(Role.READER)])
 
 
-@router.get("/lineage", response_model=LineageGraph)
+@router.get("/lineage", response_model=LineageGraph, responses=error_responses(404, 413))
 def lineage(
     table: str = Query(description="Table identifier"),
     direction: str = Query("both", pattern="^(upstream|downstream|both)$"),
@@ -22,7 +23,11 @@ def lineage(
     return s.db.read(lambda session: service.table_lineage(session, s.ctx, table, direction, depth))
 
 
-@router.get("/lineage/snapshots/{table}/{snapshot_id}", response_model=SnapshotLineage)
+@router.get(
+    "/lineage/snapshots/{table}/{snapshot_id}",
+    response_model=SnapshotLineage,
+    responses=error_responses(404),
+)
 def snapshot_lineage(
     table: str,
     snapshot_id: int = Path(ge=-MAX_SIGNED_64 - 1, le=MAX_SIGNED_64),

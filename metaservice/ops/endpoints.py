@@ -1,12 +1,13 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
 from metaservice.deps import Services, metrics_access, services
 from metaservice.migrate import current_revision, head_revision
+from metaservice.schemas_common import ErrorBody
 
 router = APIRouter(tags=["operations"])
 
@@ -43,7 +44,19 @@ def readyz(s: Services = Depends(services)) -> JSONResponse:
     return JSONResponse({"status": "ready", "migration": current})
 
 
-@router.get("/metrics", dependencies=[Depends(metrics_access)])
+@router.get(
+    "/metrics",
+    # Documents the answer as text (the Prometheus exposition format), not JSON.
+    response_class=PlainTextResponse,
+    responses={
+        401: {
+            "description": "METASERVICE_METRICS_PUBLIC=false and the request has no known token",
+            # Spelled out: a `model` here would be documented as text/plain as well.
+            "content": {"application/json": {"schema": ErrorBody.model_json_schema()}},
+        }
+    },
+    dependencies=[Depends(metrics_access)],
+)
 def metrics() -> Response:
     """Prometheus metrics (open unless METASERVICE_METRICS_PUBLIC=false)."""
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

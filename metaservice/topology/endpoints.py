@@ -6,7 +6,7 @@ from metaservice.auth.schemas import Role
 from metaservice.barriers.schemas import MAX_SIGNED_64
 from metaservice.deps import Paging, Services, paging, require, services
 from metaservice.names import JOB_PATTERN
-from metaservice.schemas_common import Page
+from metaservice.schemas_common import Page, error_responses
 from metaservice.topology import service
 from metaservice.topology.schemas import JobEvent, JobSpec, JobView, SnapshotView, TableView
 
@@ -18,7 +18,7 @@ JobName = Path(description="Job name", pattern=JOB_PATTERN)
     "/jobs/{job}",
     response_model=JobView,
     status_code=200,
-    responses={201: {"model": JobView}},
+    responses={201: {"model": JobView}, **error_responses(400, 409, 413)},
     dependencies=[require(Role.WRITER)],
 )
 def put_job(
@@ -31,23 +31,33 @@ def put_job(
     return view
 
 
-@router.get("/jobs", response_model=Page[JobView])
+@router.get("/jobs", response_model=Page[JobView], responses=error_responses(413))
 def list_jobs(page: Paging = Depends(paging), s: Services = Depends(services)) -> Page[JobView]:
     return s.db.read(lambda session: service.list_jobs(session, s.ctx, page.limit, page.offset))
 
 
-@router.get("/jobs/{job}", response_model=JobView)
+@router.get("/jobs/{job}", response_model=JobView, responses=error_responses(404))
 def get_job(job: str, s: Services = Depends(services)) -> JobView:
     return s.db.read(lambda session: service.get_job(session, s.ctx, job))
 
 
-@router.post("/jobs/{job}/events", response_model=JobView, dependencies=[require(Role.WRITER)])
+@router.post(
+    "/jobs/{job}/events",
+    response_model=JobView,
+    responses=error_responses(400, 404, 413),
+    dependencies=[require(Role.WRITER)],
+)
 def job_event(job: str, event: JobEvent, s: Services = Depends(services)) -> JobView:
     """Liveness and progress of a job's streaming query (sent by the Spark listener)."""
     return s.db.write(lambda session: service.record_event(session, s.ctx, job, event))
 
 
-@router.delete("/jobs/{job}", status_code=204, dependencies=[require(Role.ADMIN)])
+@router.delete(
+    "/jobs/{job}",
+    status_code=204,
+    responses=error_responses(404, 409),
+    dependencies=[require(Role.ADMIN)],
+)
 def delete_job(job: str, s: Services = Depends(services)) -> Response:
     """Remove a job, its edges and its barrier history; its output tables lose their writer.
 
@@ -57,17 +67,21 @@ def delete_job(job: str, s: Services = Depends(services)) -> Response:
     return Response(status_code=204)
 
 
-@router.get("/tables", response_model=Page[TableView])
+@router.get("/tables", response_model=Page[TableView], responses=error_responses(413))
 def list_tables(page: Paging = Depends(paging), s: Services = Depends(services)) -> Page[TableView]:
     return s.db.read(lambda session: service.list_tables(session, s.ctx, page.limit, page.offset))
 
 
-@router.get("/tables/{table}", response_model=TableView)
+@router.get("/tables/{table}", response_model=TableView, responses=error_responses(404))
 def get_table(table: str, s: Services = Depends(services)) -> TableView:
     return s.db.read(lambda session: service.get_table(session, s.ctx, table))
 
 
-@router.get("/tables/{table}/snapshots", response_model=Page[SnapshotView])
+@router.get(
+    "/tables/{table}/snapshots",
+    response_model=Page[SnapshotView],
+    responses=error_responses(404, 413),
+)
 def table_snapshots(
     table: str,
     from_barrier: int | None = Query(

@@ -6,6 +6,7 @@ from sqlalchemy.orm import Session
 from metaservice.auth.schemas import Role
 from metaservice.auth.service import Caller, check_role
 from metaservice.deps import Services, caller, require, services
+from metaservice.schemas_common import error_responses
 from metaservice.versions import service
 from metaservice.versions.schemas import ConsistentVersion, LeaseRequest
 
@@ -33,7 +34,10 @@ def consistent(
 
 
 @router.get(
-    "/versions/consistent", response_model=ConsistentVersion, response_model_exclude_none=True
+    "/versions/consistent",
+    response_model=ConsistentVersion,
+    response_model_exclude_none=True,
+    responses=error_responses(404, 409, 413),
 )
 def consistent_version(
     tables: str = Query(
@@ -62,6 +66,7 @@ def consistent_version(
     "/leases",
     response_model=ConsistentVersion,
     status_code=201,
+    responses=error_responses(400, 404, 409, 413),
     dependencies=[require(Role.WRITER)],
 )
 def create_lease(body: LeaseRequest, s: Services = Depends(services)) -> ConsistentVersion:
@@ -69,7 +74,12 @@ def create_lease(body: LeaseRequest, s: Services = Depends(services)) -> Consist
     return consistent(s, body.tables, body.at_or_before, body.lease_seconds)
 
 
-@router.delete("/leases/{lease_id}", status_code=204, dependencies=[require(Role.WRITER)])
+@router.delete(
+    "/leases/{lease_id}",
+    status_code=204,
+    responses=error_responses(404),
+    dependencies=[require(Role.WRITER)],
+)
 def delete_lease(lease_id: str, s: Services = Depends(services)) -> Response:
     s.db.write(lambda session: service.delete_lease(session, lease_id))
     return Response(status_code=204)
