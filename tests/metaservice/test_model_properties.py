@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import pytest
 from fastapi.testclient import TestClient
-from hypothesis import HealthCheck, event, given, note, settings
+from hypothesis import HealthCheck, event, example, given, note, settings
 from hypothesis import strategies as st
 from sqlalchemy import create_engine, text
 
@@ -36,9 +36,13 @@ from tests.metaservice.simulation import (
     G3,
     G5,
     INTERVAL_MS,
+    Advance,
+    JobDef,
+    Run,
     Simulation,
     Step,
     Topology,
+    Version,
     schedules,
     topologies,
 )
@@ -181,14 +185,60 @@ G1_WEIGHTS = {
 }
 
 
+_S0 = JobDef("src0", "ods.s0")
+_D0 = JobDef("der0", "dw.d0", ("ods.s0",))
+
+# A lagging reader of a derived table, with a catch-up window that is not a power of
+# two: der1's most aligned barrier within reach (slot 4) is one der0 coalesced over
+# (it went 1 -> 6), so der1 must pick a barrier der0 committed (6) instead.
+G1_TARGET_NOT_COMMITTED_UPSTREAM = Scenario(
+    Topology((_S0, _D0, JobDef("der1", "dw.d1", ("dw.d0", "ods.s0")))),
+    (
+        Advance(1000),
+        Run("src0"),
+        Advance(1000),
+        Run("der0"),
+        Run("der1"),
+        Run("src0"),
+        Advance(1000),
+        Run("src0"),
+        Advance(1000),
+        Run("src0"),
+        Advance(4000),
+        Run("der0"),
+        Run("der1"),
+    ),
+    window=3,
+)
+
+# Two readers of one source whose first batches ended at different barriers: the
+# consistent version of both is the older barrier only if the newer one committed it.
+G1_FRONTIERS_NOT_COMMON = Scenario(
+    Topology((_S0, _D0, JobDef("der1", "dw.d1", ("ods.s0",)))),
+    (
+        Run("src0", rows=2),
+        Advance(2000),
+        Run("src0", rows=2),
+        Run("der1"),
+        Advance(3000),
+        Run("src0", rows=2),
+        Run("der0"),
+        Version(("dw.d0", "dw.d1")),
+    ),
+)
+
+
 @pytest.mark.slow
 @_settings(examples=20)
 @given(scenario=scenarios(G1_WEIGHTS, min_steps=10, max_steps=40, windows=(64, 3, 5, 2)))
+@example(scenario=G1_TARGET_NOT_COMMITTED_UPSTREAM)
+@example(scenario=G1_FRONTIERS_NOT_COMMON)
 def test_g1_consistent_versions_equal_the_oracle(backend: str, scenario: Scenario) -> None:
     """Every consistent version (with or without at_or_before and leases), every
     table at its frontier, and every derived table at each barrier it commits holds
     exactly the source data up to that barrier."""
     topology = scenario.topology
+    note(repr(scenario))
     with simulated(backend, topology, {G1}, scenario.window) as sim:
         for step in scenario.steps:
             sim.apply(step)
@@ -214,12 +264,18 @@ G2_WEIGHTS = {"advance": 4, "run": 8, "peek": 1, "version": 1}
 def _trails_by_at_most_one_interval(
     version: dict | None, tables: tuple[str, ...], fronts: dict[str, int]
 ) -> bool:
-    return version is not None and version["barrier"] >= min(fronts[t] for t in tables) - INTERVAL_MS
+    return (
+        version is not None and version["barrier"] >= min(fronts[t] for t in tables) - INTERVAL_MS
+    )
 
 
 @pytest.mark.slow
 @_settings(examples=10)
-@given(scenario=scenarios(G2_WEIGHTS, max_steps=8, max_sources=2, max_derived=4, max_lag=8, windows=(64, 4)))
+@given(
+    scenario=scenarios(
+        G2_WEIGHTS, max_steps=8, max_sources=2, max_derived=4, max_lag=8, windows=(64, 4)
+    )
+)
 def test_g2_versions_keep_up_and_catch_up_realigns(backend: str, scenario: Scenario) -> None:
     """After random progress and a phase in which some derived jobs stall while the
     rest keep up, every job runs every slot: within a bounded number of slots each
@@ -227,6 +283,7 @@ def test_g2_versions_keep_up_and_catch_up_realigns(backend: str, scenario: Scena
     interval, and from then on it advances every slot. Consistent versions never
     go back."""
     topology = scenario.topology
+    note(repr(scenario))
     with simulated(backend, topology, set(), scenario.window) as sim:
         for step in scenario.steps:
             sim.apply(step)
@@ -293,6 +350,76 @@ def test_g2_versions_keep_up_and_catch_up_realigns(backend: str, scenario: Scena
         event(f"lag {lag_slots} depth {depth}: aligned after {converged_at} slots")
 
 
+@dataclass(frozen=True)
+class Cadences:
+    """Job i runs in the slots where (slot + phases[i]) % periods[i] == 0."""
+
+    topology: Topology
+    periods: tuple[int, ...]
+    phases: tuple[int, ...]
+
+    def runs(self, job: str, slot: int) -> bool:
+        i = [j.name for j in self.topology.jobs].index(job)
+        return (slot + self.phases[i]) % self.periods[i] == 0
+
+
+@st.composite
+def cadences(draw) -> Cadences:  # type: ignore[no-untyped-def]
+    topology = draw(topologies(max_sources=2, max_derived=3))
+    periods = tuple(draw(st.sampled_from([1, 2, 3, 4])) for _ in topology.jobs)
+    phases = tuple(draw(st.integers(0, p - 1)) for p in periods)
+    return Cadences(topology, periods, phases)
+
+
+CADENCE_SLOTS = 24
+
+
+@pytest.mark.slow
+@_settings(examples=6)
+@given(plan=cadences())
+def test_g2_jobs_at_different_cadences_keep_a_common_exact_barrier(
+    backend: str, plan: Cadences
+) -> None:
+    """Jobs that each run every p-th slot (p in 1..4) coalesce about p slots per batch.
+    Catch-up batches end on the most aligned barrier within reach, so derived jobs
+    keep committing the multiples of the alignment unit U (the power of two >= 2p)
+    and the consistent version of all tables (hence of any subset) advances: it
+    trails the clock by at most U + 2p + depth slots and never goes back."""
+    topology = plan.topology
+    note(repr(plan))
+    with simulated(backend, topology, set()) as sim:
+        sim.steady_step()
+        derived = [topology.jobs.index(j) for j in topology.derived]
+        longest = max(plan.periods[i] for i in derived)
+        depth = max(topology.depth(t) for t in topology.tables)
+        unit = 1 << math.ceil(math.log2(2 * longest))
+        bound = unit + 2 * longest + depth  # slots
+        everything = tuple(topology.tables)
+        last = 0
+        worst = 0
+        for slot in range(1, CADENCE_SLOTS + 1):
+            sim.clock.advance(INTERVAL_MS)
+            for job in topology.jobs:
+                if plan.runs(job.name, slot):
+                    sim.run(job.name)
+            version = sim.version(everything)
+            closed = sim.now_slot() - INTERVAL_MS
+            note(f"slot {slot}: closed {closed}, version {version}")
+            assert version is not None, "G2: the consistent version of all tables disappeared"
+            assert version["barrier"] >= last, (
+                f"G2: consistent version went back from {last} to {version['barrier']}"
+            )
+            last = version["barrier"]
+            trail = (closed - last) // INTERVAL_MS
+            worst = max(worst, trail)
+            assert trail <= bound, (
+                f"G2: at slot {slot} the consistent version of all tables ({last}) trails the "
+                f"last closed slot ({closed}) by {trail} slots; with periods {plan.periods} and "
+                f"depth {depth} it should trail by at most {bound}"
+            )
+        event(f"longest period {longest}, depth {depth}: worst trail {worst} (bound {bound})")
+
+
 # --------------------------------------------------------------------------- G3
 
 
@@ -313,6 +440,7 @@ def test_g3_replays_and_reports_are_exactly_once(backend: str, scenario: Scenari
     """Replayed batches (open or finished) get the same barrier and input ranges;
     duplicate reports answer 'duplicate' and change nothing; conflicting reports,
     alone or inside a batch with valid ones, get 409 and change nothing."""
+    note(repr(scenario))
     with simulated(backend, scenario.topology, {G3}, scenario.window) as sim:
         for step in scenario.steps:
             sim.apply(step)
@@ -348,6 +476,7 @@ G5_WEIGHTS = {
 def test_g5_expiry_plans_never_list_a_snapshot_in_use(backend: str, scenario: Scenario) -> None:
     """No plan lists the current snapshot, a snapshot of a live lease, or the start
     snapshot of a derived reader (computed from the simulator's own records)."""
+    note(repr(scenario))
     with simulated(backend, scenario.topology, {G5}, scenario.window) as sim:
         for step in scenario.steps:
             sim.apply(step)
