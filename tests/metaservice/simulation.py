@@ -230,14 +230,12 @@ class TableState:
 
     name: str
     snapshots: list[Snapshot] = field(default_factory=list)
-    _cumulative: list[Counter] = field(default_factory=list)
     _position: dict[int, int] = field(default_factory=dict)
+    _cached: tuple[int, Counter] = field(default_factory=lambda: (-1, Counter()))
 
     def append(self, snapshot: Snapshot) -> Snapshot:
-        previous = self._cumulative[-1] if self._cumulative else Counter()
         self._position[snapshot.snapshot_id] = len(self.snapshots)
         self.snapshots.append(snapshot)
-        self._cumulative.append(previous + snapshot.delta)
         return snapshot
 
     def position(self, snapshot_id: int) -> int:
@@ -251,7 +249,15 @@ class TableState:
         """The table's rows as of a snapshot (None: before the first one)."""
         if snapshot_id is None:
             return Counter()
-        return Counter(self._cumulative[self.position(snapshot_id)])
+        target = self.position(snapshot_id)
+        done, rows = self._cached
+        if done > target:
+            done, rows = -1, Counter()
+        rows = Counter(rows)
+        for snapshot in self.snapshots[done + 1 : target + 1]:
+            rows.update(snapshot.delta)
+        self._cached = (target, rows)
+        return Counter(rows)
 
     def read(self, from_id: int | None, to_id: int | None) -> Counter:
         """Incremental append scan: rows appended by the snapshots in (from, to]."""
@@ -942,6 +948,6 @@ def schedules(
 ) -> st.SearchStrategy[list[Step]]:
     """Random interleavings of job turns, clock moves, replays, reports and queries."""
     w = DEFAULT_WEIGHTS if weights is None else weights
-    order = ["advance", "run"] + sorted(k for k in w if k not in ("advance", "run"))
+    order = ["advance", "run", *sorted(k for k in w if k not in ("advance", "run"))]
     alternatives = [step_strategy(topology, k) for k in order for _ in range(w.get(k, 0))]
     return st.lists(st.one_of(alternatives), min_size=min_size, max_size=max_size)
