@@ -58,7 +58,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from sqlalchemy import create_engine, insert, text, update
+from sqlalchemy import create_engine, event, insert, text, update
 
 from metaservice.db import make_engine, normalise_url
 from metaservice.migrate import upgrade
@@ -549,6 +549,15 @@ def bench_reads(server: Server, db: str, topo: Topology, quick: bool) -> list[di
                 "mean_ms": cold * 1000,
             }
         )
+        samples = []
+        for i in range(n + 10):
+            t0 = time.perf_counter()
+            _ok(http.get(server.url + "/healthz"))
+            if i >= 10:
+                samples.append(time.perf_counter() - t0)
+        rows.append(
+            {"db": db, "what": "GET /healthz (HTTP floor)", "count": n, **_percentiles(samples)}
+        )
         for size in (2, 10, 50):
             sets = [rng.sample(topo.tables, size) for _ in range(n + 10)]
             for s in sets[:10]:  # warm-up
@@ -595,6 +604,156 @@ def bench_reads(server: Server, db: str, topo: Topology, quick: bool) -> list[di
     return rows
 
 
+# --------------------------------------------------------------------------- statements
+
+
+class _Counter:
+    """Counts the SQL statements a unit of work sends, and times it, in this process."""
+
+    def __init__(self, db: Any) -> None:
+        self.db = db
+        self.count = 0
+        event.listen(db.engine, "before_cursor_execute", self._seen)
+
+    def _seen(self, *_: Any) -> None:
+        self.count += 1
+
+    def measure(self, run: Callable[[], Any], repeat: int) -> tuple[float, float]:
+        """(statements, milliseconds) per call: medians over ``repeat`` calls."""
+        counts, times = [], []
+        for _ in range(repeat):
+            before = self.count
+            t0 = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - t0)
+            counts.append(self.count - before)
+        return statistics.median(counts), statistics.median(times) * 1000
+
+
+def statements_of_writes(url: str, db_kind: str) -> list[dict[str, Any]]:
+    """SQL statements per write, by the service functions the endpoints call (in process:
+    no HTTP, no FastAPI), with their in-process time."""
+    from metaservice.barriers import service as barriers
+    from metaservice.barriers.schemas import CommitReport
+    from metaservice.context import Context
+    from metaservice.db import Database
+    from metaservice.settings import Settings
+    from metaservice.topology import service as topology
+    from metaservice.topology.schemas import JobSpec
+
+    db = Database(url)
+    ctx = Context(settings=Settings(db_url=url))
+    counter = _Counter(db)
+    jobs = [f"s{j:02d}" for j in range(16)]
+    for job in jobs:
+        db.write(lambda s, job=job: topology.put_job(s, ctx, job, JobSpec(outputs=[f"st.{job}"])))
+    next_batch = dict.fromkeys(jobs, 0)
+    snapshot = iter(range(1, 10**9))
+
+    def new_batch(job: str) -> CommitReport:
+        batch_id = next_batch[job]
+        next_batch[job] += 1
+        view = db.write(lambda s: barriers.batch_barrier(s, ctx, job, batch_id))
+        return CommitReport(
+            job=job, batch_id=batch_id, barrier=view.barrier, table=f"st.{job}",
+            snapshot_id=next(snapshot),
+        )  # fmt: skip
+
+    rows = []
+    try:
+        turn = iter(range(10**9))
+        n, ms = counter.measure(lambda: new_batch(jobs[next(turn) % len(jobs)]), 30)
+        rows.append(
+            {
+                "db": db_kind,
+                "operation": "barrier for a new batch",
+                "statements": n,
+                "in_process_ms": ms,
+            }
+        )
+
+        def report(pending: list[list[CommitReport]], prefix: str = "") -> Any:
+            reports = pending.pop()
+            return db.write(lambda s: barriers.report_commits(s, ctx, reports, field_prefix=prefix))
+
+        singles = [[new_batch(jobs[k % len(jobs)])] for k in range(30)]
+        n, ms = counter.measure(lambda: report(singles), 30)
+        rows.append(
+            {
+                "db": db_kind,
+                "operation": "single commit report",
+                "statements": n,
+                "in_process_ms": ms,
+            }
+        )
+        for size in (100, 500):
+            batches = [[new_batch(jobs[k % len(jobs)]) for k in range(size)] for _ in range(3)]
+            n, ms = counter.measure(lambda b=batches: report(b, "commits."), 3)  # type: ignore[misc]
+            rows.append(
+                {
+                    "db": db_kind,
+                    "operation": f"batch of {size} reports (16 jobs)",
+                    "statements": n,
+                    "in_process_ms": ms,
+                }
+            )
+    finally:
+        db.dispose()
+    return rows
+
+
+def statements_of_reads(url: str, db_kind: str, topo: Topology) -> list[dict[str, Any]]:
+    from metaservice.context import Context
+    from metaservice.db import Database
+    from metaservice.lineage import service as lineage
+    from metaservice.settings import Settings
+    from metaservice.versions import service as versions
+
+    db = Database(url)
+    ctx = Context(settings=Settings(db_url=url))
+    counter = _Counter(db)
+    rng = random.Random(5)
+    top = topo.layers[-1] + topo.layers[-2]
+    rows = []
+    try:
+        db.write(lambda s: versions.seal_writers(s, ctx, topo.tables[:50]))
+        for size in (2, 10, 50):
+            n, ms = counter.measure(
+                lambda size=size: db.read(
+                    lambda s: versions.consistent_version(s, ctx, sorted(rng.sample(topo.tables, size)))
+                ),
+                30,
+            )  # fmt: skip
+            rows.append(
+                {
+                    "db": db_kind,
+                    "operation": f"consistent version, {size} tables (read part)",
+                    "statements": n,
+                    "in_process_ms": ms,
+                }
+            )
+        db.read(lambda s: lineage.table_lineage(s, ctx, topo.tables[top[0]], "upstream", None))
+        for depth in (None, 3):
+            n, ms = counter.measure(
+                lambda depth=depth: db.read(
+                    lambda s: lineage.table_lineage(s, ctx, topo.tables[rng.choice(top)], "upstream", depth)
+                ),
+                30,
+            )  # fmt: skip
+            label = "unlimited" if depth is None else f"depth {depth}"
+            rows.append(
+                {
+                    "db": db_kind,
+                    "operation": f"lineage upstream, {label}",
+                    "statements": n,
+                    "in_process_ms": ms,
+                }
+            )
+    finally:
+        db.dispose()
+    return rows
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -609,6 +768,7 @@ def run(
         "topology_jobs": 1000 if quick else 10_000,
         "writes": [],
         "reads": [],
+        "statements": [],
     }
     with tempfile.TemporaryDirectory(prefix="bench-service-") as tmp:
         workdir = Path(tmp)
@@ -620,6 +780,8 @@ def run(
                     service(url, workdir, workers) as server,
                 ):
                     results["writes"] += bench_writes(server, db, quick)
+                with database(db, pg_base, workdir, "stmts") as url:
+                    results["statements"] += statements_of_writes(url, db)
             if "reads" not in parts:
                 continue
             print(f"{db}: reads on {results['topology_jobs']:,} jobs and tables")
@@ -630,6 +792,7 @@ def run(
                 results["topology_layers"] = [len(layer) for layer in topo.layers]
                 with service(url, workdir, workers) as server:
                     results["reads"] += bench_reads(server, db, topo, quick)
+                results["statements"] += statements_of_reads(url, db, topo)
     results["machine"]["loadavg_at_end"] = _loadavg()
     results["machine"]["calibration_ms_at_end"] = calibration_ms()
     results["machine"]["cpu_share_at_end"] = cpu_share()
@@ -663,6 +826,15 @@ def print_table(results: dict[str, Any]) -> None:
         )
 
 
+def print_statements(results: dict[str, Any]) -> None:
+    if not results["statements"]:
+        return
+    print()
+    print(f"{'db':9} {'operation (in process, no HTTP)':48} {'SQL statements':>14} {'ms':>8}")
+    for r in results["statements"]:
+        print(f"{r['db']:9} {r['operation']:48} {r['statements']:>14g} {r['in_process_ms']:>8.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("bench/results/service.json"))
@@ -684,6 +856,7 @@ def main() -> None:
     parts = ["writes", "reads"] if args.part == "all" else [args.part]
     results = run(dbs, normalise_url(args.pg_url), args.quick, args.workers, parts)
     print_table(results)
+    print_statements(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"\nwritten to {args.out}")
