@@ -147,6 +147,14 @@ class Run:
 
 
 @dataclass(frozen=True)
+class Tick:
+    """One slot of progress: the clock moves one interval, then the named jobs run
+    once each, upstream before downstream (all of them: a healthy topology)."""
+
+    jobs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Peek:
     """A derived job's barrier source asks for its latest offset (next-barrier)."""
 
@@ -208,7 +216,19 @@ class Frontiers:
     """Read every table's frontier (GET /tables) and check what it promises."""
 
 
-Step = Advance | Run | Peek | Replay | Duplicate | Conflict | Version | Release | Expiry | Frontiers
+Step = (
+    Advance
+    | Tick
+    | Run
+    | Peek
+    | Replay
+    | Duplicate
+    | Conflict
+    | Version
+    | Release
+    | Expiry
+    | Frontiers
+)
 
 
 # --------------------------------------------------------------------------- state
@@ -427,6 +447,9 @@ class Simulation:
             case Advance(ms):
                 self.clock.advance(ms)
                 return None
+            case Tick(jobs):
+                self.clock.advance(self.interval)
+                return [self.run(job.name) for job in self.topo.jobs if job.name in jobs]
             case Run():
                 return self.run(step.job, step.rows, step.fail, step.peek, step.batched)
             case Peek(job):
@@ -896,6 +919,7 @@ def topologies(draw: Any, max_sources: int = 3, max_derived: int = 4) -> Topolog
 DEFAULT_WEIGHTS = {
     "advance": 4,
     "run": 8,
+    "tick": 2,
     "peek": 1,
     "replay": 1,
     "duplicate": 1,
@@ -925,6 +949,12 @@ def step_strategy(topology: Topology, kind: str) -> st.SearchStrategy[Step]:
             fail=st.sampled_from(["none", "none", "none", "before_commit", "after_commit"]),
             peek=st.booleans(),
             batched=st.booleans(),
+        )
+    if kind == "tick":
+        names = [j.name for j in topology.jobs]
+        return st.builds(
+            Tick,
+            st.sets(st.sampled_from(names)).map(lambda js: tuple(n for n in names if n in js)),
         )
     if kind == "peek":
         return st.builds(Peek, derived)
@@ -963,6 +993,7 @@ def schedules(
 ) -> st.SearchStrategy[list[Step]]:
     """Random interleavings of job turns, clock moves, replays, reports and queries."""
     w = DEFAULT_WEIGHTS if weights is None else weights
-    order = ["advance", "run", *sorted(k for k in w if k not in ("advance", "run"))]
+    first = ("advance", "run", "tick")
+    order = [*first, *sorted(k for k in w if k not in first)]
     alternatives = [step_strategy(topology, k) for k in order for _ in range(w.get(k, 0))]
     return st.lists(st.one_of(alternatives), min_size=min_size, max_size=max_size)
