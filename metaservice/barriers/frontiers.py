@@ -27,20 +27,20 @@ def frontiers(
     without sealing: good enough for display, but a decision that a barrier is
     complete must seal first (see :func:`seal_sources`) and use the sealed value.
     """
-    open_min = repo.oldest_open_barriers(
-        session, [j.id for j in jobs if j.kind == SOURCE and j.open_batches > 0]
-    )
+    progress = repo.source_progress(session, [j.id for j in jobs if j.kind == SOURCE])
     closed = ctx.closed_slot()
     result: dict[int, int] = {}
     for job in jobs:
         if job.kind != SOURCE:
             result[job.id] = job.frontier
-        elif job.id in open_min:
-            result[job.id] = max(job.frontier, open_min[job.id] - ctx.interval)
+            continue
+        sealed, oldest = progress[job.id]
+        if oldest is not None:
+            result[job.id] = max(sealed, oldest - ctx.interval)
         elif sealed_only:
-            result[job.id] = job.frontier
+            result[job.id] = sealed
         else:
-            result[job.id] = max(job.frontier, closed)
+            result[job.id] = max(sealed, closed)
     return result
 
 

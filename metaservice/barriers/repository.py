@@ -49,6 +49,25 @@ def open_batch(session: Session, job_id: int) -> Batch | None:
     ).scalar_one_or_none()
 
 
+def source_progress(session: Session, job_ids: Sequence[int]) -> dict[int, tuple[int, int | None]]:
+    """(sealed frontier, oldest open barrier) of each job, read in ONE statement.
+
+    Two statements would let a batch commit in between under READ COMMITTED (write
+    transactions, e.g. a consistent version taken with a lease): the job would look
+    fully committed while its frontier still held the older value.
+    """
+    if not job_ids:
+        return {}
+    oldest_open = (
+        select(func.min(Batch.barrier))
+        .where(Batch.job_id == Job.id, Batch.committed.is_(False))
+        .correlate(Job)
+        .scalar_subquery()
+    )
+    rows = session.execute(select(Job.id, Job.frontier, oldest_open).where(Job.id.in_(job_ids)))
+    return {job_id: (frontier, oldest) for job_id, frontier, oldest in rows}
+
+
 def oldest_open_barriers(session: Session, job_ids: Sequence[int]) -> dict[int, int]:
     """For jobs with open batches: the barrier of the oldest one."""
     if not job_ids:
