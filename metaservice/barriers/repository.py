@@ -68,18 +68,6 @@ def source_progress(session: Session, job_ids: Sequence[int]) -> dict[int, tuple
     return {job_id: (frontier, oldest) for job_id, frontier, oldest in rows}
 
 
-def oldest_open_barriers(session: Session, job_ids: Sequence[int]) -> dict[int, int]:
-    """For jobs with open batches: the barrier of the oldest one."""
-    if not job_ids:
-        return {}
-    rows = session.execute(
-        select(Batch.job_id, func.min(Batch.barrier))
-        .where(Batch.job_id.in_(job_ids), Batch.committed.is_(False))
-        .group_by(Batch.job_id)
-    )
-    return dict(rows.all())
-
-
 def committed_barriers(session: Session, job_id: int, after: int, upto: int) -> list[int]:
     """Barriers a derived job committed in (after, upto], ascending."""
     return list(

@@ -133,8 +133,11 @@ class Run(Compact):
 
     rows: rows a source batch ingests. fail: "before_commit" (crash before the
     Iceberg commit) or "after_commit" (committed to Iceberg, crashed before the
-    report); the next Run of the job replays the batch. peek: a derived job first
-    asks next-barrier (Spark's latestOffset). batched: report through
+    report): the next Run of the job replays the batch; "report_later": the
+    service was unreachable for the report, which waits in the job's outbox while
+    the job goes on (a source job with several batches open; a derived job
+    delivers its outbox before asking for its next batch). peek: a derived job
+    first asks next-barrier (Spark's latestOffset). batched: report through
     /commits/batch, with the same report twice in the body.
     """
 
@@ -211,6 +214,11 @@ class Expiry(Compact):
 
 
 @dataclass(frozen=True, repr=False)
+class Flush(Compact):
+    """The service is reachable again: every job delivers its outbox, in order."""
+
+
+@dataclass(frozen=True, repr=False)
 class Frontiers(Compact):
     """Read every table's frontier (GET /tables) and check what it promises."""
 
@@ -226,6 +234,7 @@ Step = (
     | Version
     | Release
     | Expiry
+    | Flush
     | Frontiers
 )
 
@@ -335,6 +344,7 @@ class JobState:
     next_batch: int = 0
     pending: Pending | None = None
     done: list[Done] = field(default_factory=list)
+    outbox: list[Pending] = field(default_factory=list)  # written, reports not delivered
     target: int | None = None  # a derived job's target announced by next-barrier
 
     @property
@@ -468,6 +478,10 @@ class Simulation:
                 if table is None:
                     return [self.expiry(t) for t in self.topo.tables]
                 return self.expiry(table)
+            case Flush():
+                for job in self.topo.jobs:
+                    self.flush(job.name)
+                return None
             case Frontiers():
                 return self.frontiers()
         raise AssertionError(f"unknown step {step!r}")
@@ -522,6 +536,8 @@ class Simulation:
         batched: bool = False,
     ) -> str:
         jd, js = self.topo.job(job), self.jobs[job]
+        if not jd.is_source:
+            self.flush(job)  # its next batch starts once the previous one is committed
         if peek and not jd.is_source:
             self.peek(job)
         p = js.pending
@@ -584,12 +600,13 @@ class Simulation:
             p.written = True
         if fail == "after_commit":
             return "crashed before report"
-        self._report(jd, js, p, batched)
-        if G1 in self.checks and not jd.is_source:
-            # A derived table is exact at every barrier it commits.
-            snapshot = self.tables[jd.output].snapshot_at(b)
-            self.check_exact({jd.output: snapshot}, b, f"{job} committed batch {batch_id} at {b}")
-            self.stats["G1 derived commits checked"] += 1
+        js.outbox.append(p)
+        js.pending = None
+        js.next_batch = batch_id + 1
+        if fail == "report_later":
+            self.log(f"{job} batch {batch_id}: report waits in the outbox")
+            return "report queued"
+        self.flush(job, batched)
         return "committed"
 
     def _read_inputs(self, jd: JobDef, js: JobState, answer: dict) -> Counter:
@@ -618,6 +635,12 @@ class Simulation:
             "snapshot_id": snapshot_id,
         }
 
+    def flush(self, job: str, batched: bool = False) -> None:
+        """Deliver the job's outbox, oldest report first."""
+        jd, js = self.topo.job(job), self.jobs[job]
+        while js.outbox:
+            self._report(jd, js, js.outbox.pop(0), batched)
+
     def _report(self, jd: JobDef, js: JobState, p: Pending, batched: bool) -> None:
         snapshot_id = p.snapshot.snapshot_id if p.snapshot is not None else None
         report = self._report_of(jd, p.batch_id, p.barrier, snapshot_id)
@@ -635,11 +658,15 @@ class Simulation:
         if p.snapshot is not None:
             p.snapshot.reported = True
         js.done.append(Done(p.batch_id, p.barrier, p.answer, snapshot_id))
-        js.next_batch = p.batch_id + 1
-        js.pending = None
         js.target = None
         self.history.append(report)
         self.log(f"report {report}")
+        if G1 in self.checks and not jd.is_source:
+            # A derived table is exact at every barrier it commits.
+            at = self.tables[jd.output].snapshot_at(p.barrier)
+            what = f"{jd.name} committed batch {p.batch_id} at {p.barrier}"
+            self.check_exact({jd.output: at}, p.barrier, what)
+            self.stats["G1 derived commits checked"] += 1
 
     # ------------------------------------------------------------------ G3
 
@@ -948,7 +975,9 @@ def step_strategy(topology: Topology, kind: str) -> st.SearchStrategy[Step]:
             Run,
             jobs,
             rows=st.integers(0, 3),
-            fail=st.sampled_from(["none", "none", "none", "before_commit", "after_commit"]),
+            fail=st.sampled_from(
+                ["none", "none", "none", "before_commit", "after_commit", "report_later"]
+            ),
             peek=st.booleans(),
             batched=st.booleans(),
         )
@@ -984,6 +1013,8 @@ def step_strategy(topology: Topology, kind: str) -> st.SearchStrategy[Step]:
         return st.just(Expiry())
     if kind == "frontiers":
         return st.just(Frontiers())
+    if kind == "flush":
+        return st.just(Flush())
     raise ValueError(kind)
 
 
