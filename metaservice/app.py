@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -18,7 +19,7 @@ from metaservice.auth.endpoints import router as auth_router
 from metaservice.barriers.endpoints import router as barriers_router
 from metaservice.clock import Clock, SystemClock
 from metaservice.context import Context
-from metaservice.db import Database
+from metaservice.db import Database, database_unreachable
 from metaservice.delay.endpoints import router as delay_router
 from metaservice.deps import Services
 from metaservice.errors import ServiceError
@@ -114,6 +115,19 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return _error(exc.status_code, code, str(exc.detail))
+
+    @app.exception_handler(DBAPIError)
+    async def database_error(request: Request, exc: DBAPIError) -> JSONResponse:
+        if not database_unreachable(exc):
+            return await unexpected(request, exc)
+        log.warning("database unreachable on %s %s: %s", request.method, request.url.path, exc.orig)
+        response = _error(
+            503,
+            "database_unavailable",
+            "the MetaService cannot reach its database; nothing was changed, retry shortly",
+        )
+        response.headers["Retry-After"] = "1"
+        return response
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

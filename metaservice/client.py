@@ -9,6 +9,7 @@ Errors:
 
     MetaServiceError
     ├── Unavailable            the service could not be reached (connection refused, timeout)
+    │                          or answered 502/503/504 (e.g. its database is restarting)
     └── ApiError               the service answered 4xx/5xx; .status, .code, .message, .field
         ├── InvalidRequest     400, 413, 422
         ├── NotFoundError      404
@@ -29,6 +30,7 @@ from metaservice.barriers.schemas import (
     CommitReport,
     CommitResult,
     NextBarrier,
+    OfflineGrant,
 )
 from metaservice.delay.schemas import Delay
 from metaservice.lifecycle.schemas import ExpiryPlan
@@ -77,6 +79,11 @@ class NotFoundError(ApiError):
 
 class ConflictError(ApiError):
     pass
+
+
+# Answers that mean "not now" rather than "no": a proxy without a backend, or a
+# service whose database is unreachable. Callers retry them like a refused connection.
+_UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
 
 
 def _error_for(response: httpx.Response) -> ApiError:
@@ -135,6 +142,9 @@ class MetaServiceClient:
             response = client.request(method, path, **kwargs)
         except httpx.TransportError as exc:
             raise Unavailable(f"MetaService at {self.url} is unreachable: {exc}") from exc
+        if response.status_code in _UNAVAILABLE_STATUSES:
+            error = _error_for(response)
+            raise Unavailable(f"MetaService at {self.url} is unavailable: {error}")
         if response.status_code >= 400:
             raise _error_for(response)
         if response.status_code == 204 or not response.content:
@@ -199,10 +209,22 @@ class MetaServiceClient:
         )
 
     # -- barriers and commits -------------------------------------------
-    def batch_barrier(self, job: str, batch_id: int) -> BatchBarrier:
-        """The barrier of a Spark batch (the same answer when the batch is replayed)."""
-        data = self._request("POST", f"/jobs/{job}/batches/{batch_id}/barrier")
+    def batch_barrier(self, job: str, batch_id: int, *, claim: int | None = None) -> BatchBarrier:
+        """The barrier of a Spark batch (the same answer when the batch is replayed).
+
+        ``claim``: the barrier a source job gave the batch itself while offline.
+        """
+        body = {"barrier": claim} if claim is not None else None
+        data = self._request("POST", f"/jobs/{job}/batches/{batch_id}/barrier", json=body)
         return BatchBarrier.model_validate(data)
+
+    def offline_grant(self, job: str, floor: int) -> OfflineGrant:
+        """Report in and take or renew the job's offline grant (see ``barriers/offline.py``)."""
+        data = self._request("PUT", f"/jobs/{job}/offline-grant", json={"floor": floor})
+        return OfflineGrant.model_validate(data)
+
+    def release_offline_grant(self, job: str) -> None:
+        self._request("DELETE", f"/jobs/{job}/offline-grant")
 
     def next_barrier(self, job: str) -> NextBarrier:
         return self._get(NextBarrier, f"/jobs/{job}/next-barrier")

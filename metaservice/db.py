@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 log = logging.getLogger("metaservice.db")
@@ -85,6 +85,16 @@ def _retryable(exc: BaseException) -> bool:
         sqlstate = getattr(exc.orig, "sqlstate", None)
         return sqlstate in _RETRY_SQLSTATES
     return False
+
+
+def database_unreachable(exc: DBAPIError) -> bool:
+    """The database could not be reached or dropped the connection (restart, network),
+    as opposed to a statement that failed: the request changed nothing and may be retried."""
+    if exc.connection_invalidated:
+        return True
+    if isinstance(exc, OperationalError) and "database is locked" not in str(exc):
+        return True
+    return isinstance(exc, InterfaceError)
 
 
 class Database:

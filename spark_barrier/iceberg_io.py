@@ -623,8 +623,8 @@ def _key_range_filter(
         bounds = _column_bounds(batch_files, field)
         if bounds is not None:
             # mypy sees pydantic's generated signature, not the (term, literal) __init__.
-            low = GreaterThanOrEqual(key, bounds[0])  # type: ignore[call-arg, misc]
-            high = LessThanOrEqual(key, bounds[1])  # type: ignore[call-arg, misc]
+            low = GreaterThanOrEqual(key, bounds[0])  # type: ignore[call-arg]
+            high = LessThanOrEqual(key, bounds[1])  # type: ignore[call-arg]
             expr = And(expr, low, high)
     return expr
 

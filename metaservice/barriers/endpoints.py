@@ -3,15 +3,18 @@ from __future__ import annotations
 from fastapi import APIRouter, Body, Depends, Path
 
 from metaservice.auth.schemas import Role
-from metaservice.barriers import service
+from metaservice.barriers import offline, service
 from metaservice.barriers.schemas import (
     MAX_SIGNED_64,
+    BarrierClaim,
     BatchBarrier,
     CommitBatch,
     CommitBatchResult,
     CommitReport,
     CommitResult,
     NextBarrier,
+    OfflineGrant,
+    OfflineGrantRequest,
 )
 from metaservice.deps import Services, require, services
 from metaservice.errors import TooLarge
@@ -30,16 +33,60 @@ router = APIRouter(tags=["barriers"], dependencies=[require(Role.READER)])
 def batch_barrier(
     job: str,
     batch_id: int = Path(ge=0, le=MAX_SIGNED_64),
+    claim: BarrierClaim | None = Body(
+        None,
+        description="A source job holding an offline grant: the barrier it gave this "
+        "batch while the MetaService was unreachable",
+    ),
     s: Services = Depends(services),
 ) -> BatchBarrier:
     """The barrier of a Spark batch; asking again for the same batch gives the same answer.
 
     Source jobs get the current slot of the barrier clock. Derived jobs get their
     aligned target and, per input, the snapshot range (from, to] the batch reads.
+    With a body, a source job claims the barrier it chose offline (409 when the
+    claim contradicts what is recorded).
     """
-    result = s.db.write(lambda session: service.batch_barrier(session, s.ctx, job, batch_id))
+    if claim is None:
+        result = s.db.write(lambda session: service.batch_barrier(session, s.ctx, job, batch_id))
+    else:
+        result = s.db.write(
+            lambda session: offline.claim(session, s.ctx, job, batch_id, claim.barrier)
+        )
     BARRIERS.inc()
     return result
+
+
+@router.put(
+    "/jobs/{job}/offline-grant",
+    response_model=OfflineGrant,
+    responses=error_responses(404),
+    dependencies=[require(Role.WRITER)],
+)
+def take_offline_grant(
+    job: str, body: OfflineGrantRequest, s: Services = Depends(services)
+) -> OfflineGrant:
+    """Take or renew a source job's offline grant (the job reporting in).
+
+    The job promises never to give itself a barrier below `floor`; its frontier
+    stays below the returned `floor` until it reports in again or releases the grant.
+    """
+    return s.db.write(lambda session: offline.grant(session, s.ctx, job, body.floor))
+
+
+@router.delete(
+    "/jobs/{job}/offline-grant",
+    status_code=204,
+    responses=error_responses(404),
+    dependencies=[require(Role.WRITER)],
+)
+def release_offline_grant(job: str, s: Services = Depends(services)) -> None:
+    """Release a source job's offline grant (idempotent): its frontier follows the clock again.
+
+    Only for a job that has stopped or reported every barrier it claimed: claims
+    still on their way are refused afterwards.
+    """
+    s.db.write(lambda session: offline.release(session, s.ctx, job))
 
 
 # A GET, but it fixes the job's next target: a writer's call.

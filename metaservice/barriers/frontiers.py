@@ -5,6 +5,10 @@ slot below its oldest open batch or, when it has none, its sealed slot; sealing
 moves an idle source job's frontier up to the last closed slot under the job's
 row lock, so that a batch asking for a barrier afterwards is pushed past it.
 A derived job's frontier is the last barrier it committed.
+
+While a source job holds an offline grant (``barriers/offline.py``) it may give
+its own batches barriers at or above its offline floor without asking, so its
+frontier stays below that floor until the job reports in again.
 """
 
 from __future__ import annotations
@@ -28,36 +32,50 @@ def frontiers(
     complete must seal first (see :func:`seal_sources`) and use the sealed value.
     """
     progress = repo.source_progress(session, [j.id for j in jobs if j.kind == SOURCE])
-    closed = ctx.closed_slot()
     result: dict[int, int] = {}
     for job in jobs:
         if job.kind != SOURCE:
             result[job.id] = job.frontier
             continue
-        sealed, oldest = progress[job.id]
-        if oldest is not None:
-            result[job.id] = max(sealed, oldest - ctx.interval)
+        p = progress[job.id]
+        if p.oldest_open is not None:
+            front = max(p.sealed, p.oldest_open - ctx.interval)
         elif sealed_only:
-            result[job.id] = sealed
+            front = p.sealed
         else:
-            result[job.id] = max(sealed, closed)
+            front = max(p.sealed, ctx.closed_slot())
+        result[job.id] = _below_floor(ctx, front, p.offline_floor)
     return result
 
 
+def _below_floor(ctx: Context, slot: int, offline_floor: int | None) -> int:
+    return slot if offline_floor is None else min(slot, offline_floor - ctx.interval)
+
+
+def sealable_slot(ctx: Context, job: Job) -> int:
+    """How far an idle source job's frontier may move: the last closed slot, kept
+    below the job's offline floor while it holds an offline grant."""
+    return _below_floor(ctx, ctx.closed_slot(), job.offline_floor)
+
+
 def seal_sources(session: Session, ctx: Context, jobs: Sequence[Job]) -> None:
-    """Move idle source jobs' frontiers to the last closed slot (in this write transaction)."""
+    """Move idle source jobs' frontiers to their sealable slot (in this write transaction)."""
     closed = ctx.closed_slot()
-    ids = repo.seal_candidates(session, [j.id for j in jobs if j.kind == SOURCE], closed)
+    ids = repo.seal_candidates(
+        session, [j.id for j in jobs if j.kind == SOURCE], closed, ctx.interval
+    )
     if ids:
-        repo.seal(session, ids, closed)
+        repo.seal(session, ids, closed, ctx.interval)
         for job in jobs:
             if job.id in ids:
                 session.refresh(job)
 
 
 def needs_seal(ctx: Context, jobs: Sequence[Job]) -> bool:
-    closed = ctx.closed_slot()
-    return any(j.kind == SOURCE and j.open_batches == 0 and j.frontier < closed for j in jobs)
+    return any(
+        j.kind == SOURCE and j.open_batches == 0 and j.frontier < sealable_slot(ctx, j)
+        for j in jobs
+    )
 
 
 def two_adic_valuation(n: int) -> int:

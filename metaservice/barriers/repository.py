@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
-from sqlalchemy import func, select, update
+from sqlalchemy import ColumnElement, case, func, select, update
 from sqlalchemy.orm import Session
 
 from metaservice.models import SOURCE, Batch, ClockState, Commit, Job, Table
@@ -49,8 +50,14 @@ def open_batch(session: Session, job_id: int) -> Batch | None:
     ).scalar_one_or_none()
 
 
-def source_progress(session: Session, job_ids: Sequence[int]) -> dict[int, tuple[int, int | None]]:
-    """(sealed frontier, oldest open barrier) of each job, read in ONE statement.
+class SourceProgress(NamedTuple):
+    sealed: int
+    oldest_open: int | None
+    offline_floor: int | None
+
+
+def source_progress(session: Session, job_ids: Sequence[int]) -> dict[int, SourceProgress]:
+    """(sealed frontier, oldest open barrier, offline floor) of each job, read in ONE statement.
 
     Two statements would let a batch commit in between under READ COMMITTED (write
     transactions, e.g. a consistent version taken with a lease): the job would look
@@ -64,8 +71,10 @@ def source_progress(session: Session, job_ids: Sequence[int]) -> dict[int, tuple
         .correlate(Job)
         .scalar_subquery()
     )
-    rows = session.execute(select(Job.id, Job.frontier, oldest_open).where(Job.id.in_(job_ids)))
-    return {job_id: (frontier, oldest) for job_id, frontier, oldest in rows}
+    rows = session.execute(
+        select(Job.id, Job.frontier, oldest_open, Job.offline_floor).where(Job.id.in_(job_ids))
+    )
+    return {job_id: SourceProgress(*rest) for job_id, *rest in rows}
 
 
 def committed_barriers(session: Session, job_id: int, after: int, upto: int) -> list[int]:
@@ -96,8 +105,18 @@ def latest_committed_at_or_before(
     return dict(rows.all())
 
 
-def seal_candidates(session: Session, job_ids: Iterable[int], closed: int) -> list[int]:
-    """Idle source jobs whose frontier can move up to the last closed slot, locked in id order."""
+def _sealable(closed: int, interval: int) -> ColumnElement[int]:
+    """SQL for frontiers.sealable_slot: the closed slot, kept below an offline floor."""
+    below_floor = Job.offline_floor - interval
+    return case(
+        (Job.offline_floor.is_not(None) & (below_floor < closed), below_floor), else_=closed
+    )
+
+
+def seal_candidates(
+    session: Session, job_ids: Iterable[int], closed: int, interval: int
+) -> list[int]:
+    """Idle source jobs whose frontier can move up towards the last closed slot, locked in id order."""
     ids = list(job_ids)
     if not ids:
         return []
@@ -108,7 +127,7 @@ def seal_candidates(session: Session, job_ids: Iterable[int], closed: int) -> li
                 Job.id.in_(ids),
                 Job.kind == SOURCE,
                 Job.open_batches == 0,
-                Job.frontier < closed,
+                Job.frontier < _sealable(closed, interval),
             )
             .order_by(Job.id)
             .with_for_update()
@@ -116,13 +135,24 @@ def seal_candidates(session: Session, job_ids: Iterable[int], closed: int) -> li
     )
 
 
-def seal(session: Session, job_ids: Sequence[int], closed: int) -> None:
+def seal(session: Session, job_ids: Sequence[int], closed: int, interval: int) -> None:
+    limit = _sealable(closed, interval)
     session.execute(
         update(Job)
-        .where(Job.id.in_(job_ids), Job.open_batches == 0, Job.frontier < closed)
-        .values(frontier=closed)
+        .where(Job.id.in_(job_ids), Job.open_batches == 0, Job.frontier < limit)
+        .values(frontier=limit)
         .execution_options(synchronize_session="fetch")
     )
+
+
+def previous_batch(session: Session, job_id: int, batch_id: int) -> Batch | None:
+    """The job's batch with the largest id below ``batch_id``."""
+    return session.execute(
+        select(Batch)
+        .where(Batch.job_id == job_id, Batch.batch_id < batch_id)
+        .order_by(Batch.batch_id.desc())
+        .limit(1)
+    ).scalar_one_or_none()
 
 
 def get_commit(session: Session, job_id: int, batch_id: int, table_id: int) -> Commit | None:

@@ -65,3 +65,29 @@ class CommitBatchResult(BaseModel):
     results: list[CommitResult]
     recorded: int
     duplicates: int
+
+
+class BarrierClaim(BaseModel):
+    """The body of a barrier request that claims a barrier the job gave itself offline."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    barrier: int = Field(ge=0, le=MAX_SIGNED_64, description="On the barrier grid, >= the floor")
+
+
+class OfflineGrantRequest(BaseModel):
+    """A source job's promise: it will never give itself a barrier below ``floor``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    floor: int = Field(ge=0, le=MAX_SIGNED_64)
+
+
+class OfflineGrant(BaseModel):
+    job: str
+    floor: int = Field(
+        description="The job's frontier stays below this barrier until the job reports in again"
+    )
+    barrier: int = Field(description="The barrier clock's current slot")
+    now_ms: int = Field(description="The MetaService's clock, to correct the job's clock offset")
+    interval_ms: int = Field(description="Width of one barrier-clock slot")

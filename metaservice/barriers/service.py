@@ -32,7 +32,7 @@ def batch_barrier(session: Session, ctx: Context, job_name: str, batch_id: int) 
     job = repo.lock_job(session, topo.require_job(session, job_name).id)
     batch = repo.get_batch(session, job.id, batch_id)
     if batch is None:
-        _check_batch_order(session, job, batch_id)
+        check_batch_order(session, job, batch_id)
         batch = (
             _new_source_batch(session, ctx, job, batch_id)
             if job.kind == SOURCE
@@ -42,7 +42,7 @@ def batch_barrier(session: Session, ctx: Context, job_name: str, batch_id: int) 
     return batch_view(session, job, batch)
 
 
-def _check_batch_order(session: Session, job: Job, batch_id: int) -> None:
+def check_batch_order(session: Session, job: Job, batch_id: int) -> None:
     last = repo.last_batch_id(session, job.id)
     if last is not None and batch_id < last:
         raise Conflict(
@@ -58,6 +58,13 @@ def _new_source_batch(session: Session, ctx: Context, job: Job, batch_id: int) -
     # Never below the last issued barrier (clock stepped back after a restart) and
     # never at or below a sealed frontier (a reader already took that slot as complete).
     barrier = max(ctx.now_slot(), state.last_issued, job.frontier + ctx.interval)
+    return open_source_batch(session, ctx, job, batch_id, barrier)
+
+
+def open_source_batch(
+    session: Session, ctx: Context, job: Job, batch_id: int, barrier: int
+) -> Batch:
+    """A new open batch of a source job at ``barrier`` (it holds the job's frontier below it)."""
     repo.raise_last_issued(session, barrier)
     batch = Batch(
         job_id=job.id, batch_id=batch_id, barrier=barrier, committed=False, created_ms=ctx.now_ms()
@@ -286,7 +293,7 @@ def complete_batch(ctx: Context, job: Job, batch: Batch) -> None:
         job.open_batches -= 1
         if job.open_batches == 0:
             # Under the row lock no batch can be given a barrier <= the closed slot any more.
-            job.frontier = max(job.frontier, ctx.closed_slot())
+            job.frontier = max(job.frontier, fr.sealable_slot(ctx, job))
     else:
         job.frontier = max(job.frontier, batch.barrier)
         if job.pending_target is not None and job.pending_target <= batch.barrier:

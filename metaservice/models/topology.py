@@ -19,6 +19,10 @@ class Job(Base):
     barrier at or below it. ``open_batches`` counts a source job's batches that
     have a barrier but are not fully committed; the job row is the lock that
     serialises every change to these fields.
+
+    ``offline_floor`` is set while a source job holds an offline grant: the job may
+    give its own batches barriers at or above it while the MetaService is
+    unreachable, so the job's frontier stays below it (see ``barriers/offline.py``).
     """
 
     __tablename__ = "jobs"
@@ -30,6 +34,7 @@ class Job(Base):
     frontier: Mapped[int] = mapped_column(BigInteger, default=0)
     open_batches: Mapped[int] = mapped_column(Integer, default=0)
     pending_target: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    offline_floor: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     last_barrier: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     last_batch_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     status: Mapped[str] = mapped_column(String(16), default="registered")

@@ -29,6 +29,10 @@ class JobView(BaseModel):
         description="Derived jobs: the barrier the current batch is aligned to"
     )
     last_seen_ms: int | None
+    offline_floor: int | None = Field(
+        None,
+        description="Source jobs holding an offline grant: the frontier stays below this barrier",
+    )
 
 
 class TableView(BaseModel):

@@ -178,6 +178,7 @@ def job_views(session: Session, ctx: Context, jobs: list[Job]) -> list[JobView]:
             last_batch_id=j.last_batch_id,
             pending_target=j.pending_target,
             last_seen_ms=j.last_seen_ms,
+            offline_floor=j.offline_floor,
         )
         for j in jobs
     ]

@@ -1,0 +1,158 @@
+"""Offline grants: a source job keeps committing while the MetaService is unreachable.
+
+A source job's batch normally asks the MetaService for its barrier. To go on without
+it (guarantee G4), the job holds an *offline grant*: each time it reports in
+(``PUT /jobs/{job}/offline-grant``) it promises a floor ``F``, the lowest barrier it
+will ever give itself, and the MetaService records ``offline_floor``, never above F
+nor above its own current slot. While the grant stands, the job's frontier stays
+below ``offline_floor`` (``frontiers.sealable_slot``), so no reader ever treats a
+slot as complete that the job could still give to a batch of its own.
+
+Offline, the job gives its batches barriers ``>= F`` from its clock (corrected by
+the offset the grants taught it), writes the claim to its outbox before committing,
+and reports in again only once every claim has been delivered
+(``POST .../batches/{batch_id}/barrier`` with ``{"barrier": b}``). A claim below the
+floor, off the grid, far in the future or behind an earlier batch is refused.
+
+Releasing the grant (``DELETE``, a clean shutdown of the job) lets the frontier
+follow the clock again. A job that dies while holding one holds its tables' frontier
+until it comes back or an operator releases the grant.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy.orm import Session
+
+from metaservice.barriers import repository as repo
+from metaservice.barriers.schemas import BatchBarrier, OfflineGrant
+from metaservice.barriers.service import batch_view, check_batch_order, open_source_batch
+from metaservice.context import Context
+from metaservice.errors import Conflict, Invalid
+from metaservice.models import SOURCE, Job
+from metaservice.topology import repository as topo
+
+log = logging.getLogger("metaservice.offline")
+
+# A claimed barrier may lie this far ahead of the service's clock (clock skew between
+# the job's machine and the service's, after the job's offset correction).
+MAX_CLAIM_AHEAD_MS = 60_000
+
+
+def _source_job(session: Session, job_name: str) -> Job:
+    job = repo.lock_job(session, topo.require_job(session, job_name).id)
+    if job.kind != SOURCE:
+        raise Invalid(
+            f"job '{job.name}' reads tables; only source jobs can give their batches "
+            "barriers offline (derived jobs wait for the MetaService)",
+            field="job",
+            code="not_source",
+        )
+    return job
+
+
+def grant(session: Session, ctx: Context, job_name: str, promised_floor: int) -> OfflineGrant:
+    """Take or renew the job's offline grant; see the module docstring."""
+    job = _source_job(session, job_name)
+    # Never below the sealed frontier: the frontier must not step back.
+    slot = max(ctx.now_slot(), job.frontier + ctx.interval)
+    promised = promised_floor - promised_floor % ctx.interval
+    # A first grant floors at the slot: the job learns it from this answer before it
+    # claims anything. A renewal takes min(promise, slot): an answer lost on the way
+    # back leaves the job knowing only its own promise.
+    floor = slot if job.offline_floor is None else max(job.offline_floor, min(promised, slot))
+    job.offline_floor = floor
+    job.last_seen_ms = ctx.now_ms()
+    return OfflineGrant(
+        job=job.name, floor=floor, barrier=slot, now_ms=ctx.now_ms(), interval_ms=ctx.interval
+    )
+
+
+def release(session: Session, ctx: Context, job_name: str) -> None:
+    """Give up the grant (idempotent): the job's frontier follows the clock again."""
+    job = repo.lock_job(session, topo.require_job(session, job_name).id)
+    job.offline_floor = None
+    job.last_seen_ms = ctx.now_ms()
+
+
+def claim(
+    session: Session, ctx: Context, job_name: str, batch_id: int, barrier: int
+) -> BatchBarrier:
+    """Record the barrier a source job gave its batch while offline (idempotent)."""
+    job = _source_job(session, job_name)
+    batch = repo.get_batch(session, job.id, batch_id)
+    if batch is not None and batch.barrier == barrier:
+        return batch_view(session, job, batch)
+    _check_claim(session, ctx, job, batch_id, barrier)
+    if batch is None:
+        check_batch_order(session, job, batch_id)
+        batch = open_source_batch(session, ctx, job, batch_id, barrier)
+    elif batch.committed:
+        raise Conflict(
+            f"batch {batch_id} of job '{job.name}' committed at barrier {batch.barrier}, "
+            f"not {barrier}",
+            field="barrier",
+            code="barrier_mismatch",
+        )
+    else:
+        # The job asked, the answer was lost, and it went on offline: its claim wins.
+        # Safe: the frontier stayed below the floor, which the claim is not below.
+        log.info(
+            "job %s batch %d: claimed barrier %d replaces %d",
+            job.name,
+            batch_id,
+            barrier,
+            batch.barrier,
+        )
+        batch.barrier = barrier
+        repo.raise_last_issued(session, barrier)
+    job.last_seen_ms = ctx.now_ms()
+    session.flush()
+    return batch_view(session, job, batch)
+
+
+def _check_claim(session: Session, ctx: Context, job: Job, batch_id: int, barrier: int) -> None:
+    if barrier % ctx.interval:
+        raise Invalid(
+            f"barrier {barrier} is not on the barrier grid (multiples of {ctx.interval} ms)",
+            field="barrier",
+            code="off_grid",
+        )
+    if barrier > ctx.now_ms() + MAX_CLAIM_AHEAD_MS:
+        raise Invalid(
+            f"barrier {barrier} is more than {MAX_CLAIM_AHEAD_MS} ms ahead of the "
+            f"MetaService's clock ({ctx.now_ms()}); check the job machine's clock",
+            field="barrier",
+            code="barrier_from_future",
+        )
+    if job.offline_floor is None:
+        raise Conflict(
+            f"job '{job.name}' holds no offline grant, so it cannot claim barriers; "
+            f"take one with PUT /api/v1/jobs/{job.name}/offline-grant",
+            field="barrier",
+            code="no_offline_grant",
+        )
+    if barrier < job.offline_floor:
+        raise Conflict(
+            f"barrier {barrier} is below job '{job.name}''s offline floor "
+            f"{job.offline_floor}: readers may already treat it as complete",
+            field="barrier",
+            code="claim_below_floor",
+        )
+    previous = repo.previous_batch(session, job.id, batch_id)
+    if previous is not None and previous.barrier > barrier:
+        raise Conflict(
+            f"batch {previous.batch_id} of job '{job.name}' has barrier {previous.barrier}; "
+            f"batch {batch_id} cannot have the earlier barrier {barrier}",
+            field="barrier",
+            code="barrier_went_back",
+        )
+    last = repo.last_batch_id(session, job.id)
+    if last is not None and last > batch_id:
+        raise Conflict(
+            f"job '{job.name}' already has batch {last}; a claim for batch {batch_id} "
+            "comes too late",
+            field="batch_id",
+            code="batch_out_of_order",
+        )
