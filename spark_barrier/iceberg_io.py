@@ -246,16 +246,22 @@ def list_stamped_snapshots(table: Table) -> list[StampedSnapshot]:
     return [s for snap in table.snapshots() if (s := _stamp_of(snap)) is not None]
 
 
-def find_batch_snapshot(table: Table, job: str, batch_id: int) -> int | None:
-    """The snapshot already committed by `job` for `batch_id`, or None.
+def find_batch_commit(table: Table, job: str, batch_id: int) -> StampedSnapshot | None:
+    """The snapshot already committed by `job` for `batch_id` (with its barrier), or None.
 
     Used to skip a replayed batch (exactly-once). The latest match wins; there is
     only one unless an external tool re-committed a batch.
     """
     for stamped in reversed(list_stamped_snapshots(table)):
         if stamped.job == job and stamped.batch == batch_id:
-            return stamped.snapshot_id
+            return stamped
     return None
+
+
+def find_batch_snapshot(table: Table, job: str, batch_id: int) -> int | None:
+    """The id of :func:`find_batch_commit`'s snapshot, or None."""
+    found = find_batch_commit(table, job, batch_id)
+    return found.snapshot_id if found is not None else None
 
 
 def snapshot_barrier(table: Table, snapshot_id: int) -> int | None:

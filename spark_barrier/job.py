@@ -25,6 +25,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.types import StructType
 
+from metaservice.barriers.schemas import BatchBarrier
 from metaservice.client import ApiError, ConflictError, MetaServiceClient, Unavailable
 from metaservice.settings import Settings
 from spark_barrier.faults import crash_point
@@ -32,10 +33,11 @@ from spark_barrier.iceberg_io import (
     Mode,
     commit_batch,
     ensure_table,
-    find_batch_snapshot,
+    find_batch_commit,
     open_catalog,
 )
 from spark_barrier.listener import BarrierListener
+from spark_barrier.offline import OfflineBarriers
 from spark_barrier.reads import read_at_barrier
 from spark_barrier.report import DirectReporter, OutboxReporter, Reporter, retry
 from spark_barrier.source import SOURCE_NAME, BarrierSource
@@ -78,6 +80,8 @@ class BarrierJob:
         outputs: Sequence[str],
         state_dir: Path,
         reporter: Reporter,
+        offline: OfflineBarriers | None = None,
+        patience_s: float = 3600.0,
     ) -> None:
         self.spark = spark
         self.client = client
@@ -88,6 +92,8 @@ class BarrierJob:
         self.outputs = list(outputs)
         self.state_dir = state_dir
         self.reporter = reporter
+        self.offline = offline  # source jobs with an outbox: barriers while the service is down
+        self.patience_s = patience_s  # how long a batch waits for an unreachable service
 
     def source(self, table: str) -> DataFrame:
         """A streaming DataFrame of ``table`` whose micro-batches end on the job's barriers."""
@@ -142,8 +148,16 @@ class BarrierJob:
         return read_at_barrier(self.spark, self.catalog, table, barrier)
 
     def close(self, timeout: float = 30.0) -> None:
-        """Deliver pending reports (waiting up to ``timeout``) and release the outbox."""
-        self.reporter.flush(timeout)
+        """Release the job's offline grant, deliver pending reports (waiting up to
+        ``timeout``) and close the outbox. Call it once the job's queries have stopped."""
+        if self.offline is not None:
+            self.offline.close(release=True)
+        if not self.reporter.flush(timeout):
+            log.warning(
+                "job %s: reports still undelivered after %s s stay in its outbox and are "
+                "delivered when the job runs again",
+                self.name, timeout,
+            )  # fmt: skip
         self.reporter.close()
 
 
@@ -166,9 +180,45 @@ class BarrierSink:
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         job = self.job
+        iceberg = job.table(self.table)
+        done = find_batch_commit(iceberg, job.name, batch_id)
+        if done is not None:
+            # A replayed batch: its snapshot (and the barrier stamped on it) is the truth.
+            log.info(
+                "%s batch %d was committed before (snapshot %d); reporting it",
+                job.name, batch_id, done.snapshot_id,
+            )  # fmt: skip
+            self._report(batch_id, done.barrier, done.snapshot_id)
+            return
+        if job.offline is not None:
+            barrier, start = job.offline.barrier_for(batch_id), None
+        else:
+            answer = self._ask_barrier(batch_id)
+            if answer is None:
+                return
+            barrier, start = answer.barrier, answer.start_barrier
+        ctx = BatchContext(job, batch_id, barrier, start)
+        rows = self.transform(df, ctx) if self.transform else df
+        snapshot = commit_batch(
+            rows,
+            iceberg,
+            barrier=barrier,
+            job=job.name,
+            batch_id=batch_id,
+            mode=self.mode,
+            key_columns=self.key_columns,
+        )
+        self._report(batch_id, barrier, snapshot)
+
+    def _ask_barrier(self, batch_id: int) -> BatchBarrier | None:
+        """The MetaService's barrier for the batch, waiting while it is unreachable;
+        None for the empty first batch Spark runs when a query starts."""
+        job = self.job
         try:
-            answer = retry(
-                lambda: job.client.batch_barrier(job.name, batch_id), 300.0, "get a batch barrier"
+            return retry(  # type: ignore[no-any-return]
+                lambda: job.client.batch_barrier(job.name, batch_id),
+                job.patience_s,
+                "get a batch barrier",
             )
         except ConflictError as exc:
             if exc.code != "no_barrier_ready":
@@ -176,34 +226,15 @@ class BarrierSink:
             # Spark runs a new query's first batch up to the initial offset, which is the
             # barrier the job has already committed: an empty range, nothing to commit.
             log.debug("%s batch %d ends at the committed barrier; skipped", job.name, batch_id)
-            return
-        iceberg = job.table(self.table)
-        snapshot = find_batch_snapshot(iceberg, job.name, batch_id)
-        if snapshot is None:
-            ctx = BatchContext(job, batch_id, answer.barrier, answer.start_barrier)
-            rows = self.transform(df, ctx) if self.transform else df
-            snapshot = commit_batch(
-                rows,
-                iceberg,
-                barrier=answer.barrier,
-                job=job.name,
-                batch_id=batch_id,
-                mode=self.mode,
-                key_columns=self.key_columns,
-            )
-        else:
-            log.info(
-                "%s batch %d was committed before (snapshot %d); reporting it",
-                job.name,
-                batch_id,
-                snapshot,
-            )
+            return None
+
+    def _report(self, batch_id: int, barrier: int, snapshot: int | None) -> None:
         crash_point("after_commit", batch_id)
-        job.reporter.report(
+        self.job.reporter.report(
             {
-                "job": job.name,
+                "job": self.job.name,
                 "batch_id": batch_id,
-                "barrier": answer.barrier,
+                "barrier": barrier,
                 "table": self.table,
                 "snapshot_id": snapshot,
             }
@@ -257,6 +288,8 @@ def register(
     state_dir: str | Path | None = None,
     token: str | None = None,
     outbox: bool = True,
+    offline: bool = True,
+    patience_s: float = 3600.0,
 ) -> BarrierJob:
     """Register ``job`` with the MetaService and make ``spark`` ready to run it.
 
@@ -268,6 +301,10 @@ def register(
     ``catalog_uri`` and ``warehouse`` default to the MetaService's own settings
     (``METASERVICE_DB_URL``, ``METASERVICE_WAREHOUSE``): the catalog shares its database.
     Reports go through a durable outbox under ``state_dir`` unless ``outbox=False``.
+    A source job (no ``inputs``) with an outbox holds an offline grant unless
+    ``offline=False``: while the MetaService is unreachable its batches get barriers
+    of their own and go on committing (see ``spark_barrier.offline``). Other batches
+    wait up to ``patience_s`` for an unreachable MetaService before failing.
     """
     defaults = Settings()
     catalog_options = {
@@ -290,12 +327,29 @@ def register(
     _listener_for(spark, client).jobs.add(job)
     state = Path(state_dir or "spark-barrier-state") / job
     state.mkdir(parents=True, exist_ok=True)
-    reporter: Reporter = (
-        OutboxReporter(client, state / "outbox") if outbox else DirectReporter(client)
-    )
+    reporter: Reporter
+    offline_barriers = None
+    if outbox:
+        outbox_reporter = OutboxReporter(client, state / "outbox")
+        if offline and not inputs:
+            offline_barriers = OfflineBarriers(client, job, outbox_reporter.outbox, state)
+            offline_barriers.report_in()  # reachable: _check_reachable passed
+        reporter = outbox_reporter
+    else:
+        reporter = DirectReporter(client, give_up_after_s=patience_s)
     log.info("job '%s' registered: inputs %s, outputs %s", job, list(inputs), output_names)
     return BarrierJob(
-        spark, client, catalog, catalog_options, job, inputs, output_names, state, reporter
+        spark,
+        client,
+        catalog,
+        catalog_options,
+        job,
+        inputs,
+        output_names,
+        state,
+        reporter,
+        offline=offline_barriers,
+        patience_s=patience_s,
     )
 
 

@@ -1,16 +1,20 @@
 """Delivery of commit reports: through the durable outbox (default) or directly.
 
 Reports are idempotent at the MetaService, so at-least-once delivery is enough.
+The outbox also carries a source job's offline claims and grant releases
+(``spark_barrier/offline.py``), delivered in the same order as the commits.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from itertools import groupby
 from pathlib import Path
 from typing import Any, Protocol
 
 from metaservice.client import ApiError, ConflictError, MetaServiceClient, Unavailable
+from spark_barrier.offline import CLAIM, RELEASE
 from spark_barrier.outbox import Deliverer, Outbox
 
 log = logging.getLogger("spark_barrier.report")
@@ -37,6 +41,33 @@ class OutboxReporter:
         self.deliverer.start()
 
     def _send(self, batch: list[dict[str, Any]]) -> None:
+        """Deliver records in order: runs of commit reports in one request each."""
+        for kind, run in groupby(batch, key=lambda record: record.get("kind", "commit")):
+            records = list(run)
+            if kind == "commit":
+                self._send_commits(records)
+            else:
+                for record in records:
+                    self._send_control(record)
+
+    def _send_control(self, record: dict[str, Any]) -> None:
+        try:
+            if record["kind"] == CLAIM:
+                self.client.batch_barrier(
+                    record["job"], record["batch_id"], claim=record["barrier"]
+                )
+            elif record["kind"] == RELEASE:
+                self.client.release_offline_grant(record["job"])
+            else:
+                log.error("unknown outbox record %s; skipped", record)
+        except ApiError as exc:
+            if exc.status >= 500:
+                raise
+            # Refused for good; its commit report will be refused too, and
+            # `metaservice reconcile` can rebuild the mapping from the table.
+            log.error("MetaService refused %s: %s", record, exc.message)
+
+    def _send_commits(self, batch: list[dict[str, Any]]) -> None:
         try:
             self.client.report_commits(batch)
         except ConflictError as exc:
@@ -46,7 +77,7 @@ class OutboxReporter:
                 log.error("MetaService refused report %s: %s", batch[0], exc.message)
                 return
             for report in batch:
-                self._send([report])
+                self._send_commits([report])
         except ApiError as exc:
             if exc.status < 500:
                 log.error("MetaService refused reports %s: %s", batch, exc.message)

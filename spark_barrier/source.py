@@ -17,12 +17,15 @@ per file, read on the executors with pyarrow.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
+
+log = logging.getLogger("spark_barrier.source")
 
 SOURCE_NAME = "metaservice_barrier"
 _REQUIRED = ("url", "job", "table", "catalog_uri", "warehouse")
@@ -81,6 +84,8 @@ class BarrierStreamReader(DataSourceStreamReader):
         self.columns = [f.name for f in schema.fields]
         self._client: Any = None
         self._table: Any = None
+        self._latest: int | None = None  # the last offset reported, kept while offline
+        self._unavailable_logged = False
 
     # Driver side: offsets are {"barrier": int}. ------------------------------
     def _ms(self) -> Any:
@@ -99,12 +104,26 @@ class BarrierStreamReader(DataSourceStreamReader):
 
     def initialOffset(self) -> dict[str, int]:
         # A new query starts where the job has committed up to (0 for a new job).
-        return {"barrier": self._ms().get_job(self.options["job"]).frontier}
+        self._latest = self._ms().get_job(self.options["job"]).frontier
+        return {"barrier": self._latest}
 
     # The zero-argument form on purpose: every PySpark 4.x calls it (4.2+ also
     # offers latestOffset(start, limit) for admission control, which we don't need).
     def latestOffset(self) -> dict[str, int]:  # type: ignore[override]
-        return {"barrier": self._ms().next_barrier(self.options["job"]).barrier}
+        from metaservice.client import Unavailable
+
+        try:
+            self._latest = self._ms().next_barrier(self.options["job"]).barrier
+        except Unavailable as exc:
+            # No new target without the MetaService: no new batch until it is back.
+            if self._latest is None:
+                raise
+            if not self._unavailable_logged:
+                log.warning("job %s waits for the MetaService: %s", self.options["job"], exc)
+                self._unavailable_logged = True
+            return {"barrier": self._latest}
+        self._unavailable_logged = False
+        return {"barrier": self._latest}
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         from spark_barrier.snapshots import appended_files, snapshot_at

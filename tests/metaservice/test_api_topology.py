@@ -33,6 +33,7 @@ def test_put_job_creates_a_source_job_with_201(client):
         "last_batch_id": None,
         "pending_target": None,
         "last_seen_ms": None,
+        "offline_floor": None,
     }
 
 

@@ -1,0 +1,212 @@
+"""A source job's offline barriers against the real service (in-process, manual clock),
+with the job's network cut and restored: G1 and G4 across an outage."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from metaservice.app import create_app
+from metaservice.client import MetaServiceClient, Unavailable
+from metaservice.clock import ManualClock
+from metaservice.migrate import upgrade
+from metaservice.settings import Settings
+from spark_barrier.offline import NoOfflineGrant, OfflineBarriers
+from spark_barrier.report import OutboxReporter
+
+T0 = 1_700_000_000_000
+SLOT = 1000
+
+
+class Partition(httpx.BaseTransport):
+    """The job's side of the network: it can be cut, or lose the answers only."""
+
+    def __init__(self, inner: httpx.BaseTransport) -> None:
+        self.inner = inner
+        self.down = False
+        self.lose_answers = False
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if self.down:
+            raise httpx.ConnectError("network cut by the test", request=request)
+        response = self.inner.handle_request(request)
+        body = response.read()
+        if self.lose_answers:
+            raise httpx.ReadError("answer lost by the test", request=request)
+        return httpx.Response(response.status_code, headers=response.headers, content=body)
+
+
+@dataclass
+class Rig:
+    service: TestClient  # the service, as a reader who is never cut off sees it
+    clock: ManualClock
+    net: Partition
+    client: MetaServiceClient  # the job's client, through the partition
+    state: Path
+
+    def job(self, name: str = "src") -> tuple[OfflineBarriers, OutboxReporter]:
+        reporter = OutboxReporter(self.client, self.state / "outbox")
+        offline = OfflineBarriers(
+            self.client,
+            name,
+            reporter.outbox,
+            self.state,
+            heartbeat_s=3600,
+            offline_after_s=0.2,
+            clock=self.clock,  # the job's clock: here the same as the service's
+        )
+        return offline, reporter
+
+    def frontier(self, table: str) -> int:
+        return int(self.service.get(f"/api/v1/tables/{table}").json()["frontier"])
+
+    def snapshots(self, table: str) -> list[tuple[int, int]]:
+        items = self.service.get(f"/api/v1/tables/{table}/snapshots").json()["items"]
+        return sorted((i["batch_id"], i["barrier"]) for i in items)
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    db_url = f"sqlite:///{tmp_path / 'ms.db'}"
+    upgrade(db_url)
+    clock = ManualClock(T0)
+    with TestClient(create_app(Settings(db_url=db_url), clock)) as service:
+        net = Partition(service._transport)
+        client = MetaServiceClient("http://testserver", transport=net)
+        client.put_job("src", outputs=["ods.orders"])
+        client.put_job("der", inputs=["ods.orders"], outputs=["dw.detail"])
+        yield Rig(service, clock, net, client, tmp_path / "state")
+        client.close()
+
+
+def commit(reporter: OutboxReporter, batch_id: int, barrier: int) -> None:
+    reporter.report(
+        {
+            "job": "src",
+            "batch_id": batch_id,
+            "barrier": barrier,
+            "table": "ods.orders",
+            "snapshot_id": 100 + batch_id,
+        }
+    )
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_batches_commit_through_an_outage_and_the_frontier_never_passes_them(rig: Rig) -> None:
+    rig.state.mkdir()
+    offline, reporter = rig.job()
+    offline.report_in()
+    b0 = offline.barrier_for(0)
+    commit(reporter, 0, b0)
+    assert reporter.flush(5)
+    rig.clock.advance(SLOT)
+    offline.report_in()
+    held = rig.frontier("ods.orders")
+    assert held == b0  # the floor is the job's slot: the frontier one below it
+
+    rig.net.down = True
+    claimed = []
+    for batch_id in (1, 2, 3):
+        rig.clock.advance(2 * SLOT)
+        barrier = offline.barrier_for(batch_id)
+        commit(reporter, batch_id, barrier)
+        claimed.append(barrier)
+        # Readers (not cut off) never see the frontier pass what the job may still claim.
+        assert rig.frontier("ods.orders") == held
+    assert all(b % SLOT == 0 for b in claimed)
+    assert b0 < claimed[0] <= claimed[1] <= claimed[2]
+    assert offline.barrier_for(2) == claimed[1]  # a replayed batch: the same barrier
+    assert offline.controls_pending() and not offline.report_in()
+
+    rig.net.down = False
+    assert reporter.flush(10)
+    assert rig.snapshots("ods.orders") == [(0, b0), *zip((1, 2, 3), claimed, strict=True)]
+    assert offline.report_in()
+    assert rig.frontier("ods.orders") == claimed[2] - SLOT  # the closed slot
+    rig.clock.advance(SLOT)
+    assert offline.report_in()
+    assert rig.frontier("ods.orders") == claimed[2]
+    offline.close()
+    assert reporter.flush(5)
+    reporter.close()
+    assert rig.service.get("/api/v1/jobs/src").json()["offline_floor"] is None
+
+
+def test_a_restarted_driver_finds_its_undelivered_claims(rig: Rig) -> None:
+    rig.state.mkdir()
+    offline, reporter = rig.job()
+    offline.report_in()
+    rig.net.down = True
+    rig.clock.advance(3 * SLOT)
+    first = offline.barrier_for(0)
+    offline.close(release=False)  # the driver dies: no release
+    reporter.close()
+
+    offline, reporter = rig.job()  # still cut off
+    assert offline.granted and offline.controls_pending()
+    assert offline.barrier_for(0) == first  # Spark replays batch 0
+    rig.clock.advance(SLOT)
+    second = offline.barrier_for(1)
+    assert second >= first
+    commit(reporter, 0, first)
+    commit(reporter, 1, second)
+    rig.net.down = False
+    assert reporter.flush(10)
+    assert rig.snapshots("ods.orders") == [(0, first), (1, second)]
+    offline.close()
+    reporter.close()
+
+
+def test_a_claim_replaces_a_barrier_whose_answer_was_lost(rig: Rig) -> None:
+    rig.state.mkdir()
+    offline, reporter = rig.job()
+    offline.report_in()
+    rig.clock.advance(5 * SLOT)
+    rig.net.lose_answers = True  # the service assigns a barrier, the job never hears it
+    own = offline.barrier_for(0)
+    rig.net.lose_answers = False
+    commit(reporter, 0, own)
+    assert reporter.flush(10)
+    assert rig.snapshots("ods.orders") == [(0, own)]
+    offline.close()
+    reporter.close()
+
+
+def test_without_a_grant_an_unreachable_service_fails_the_batch(rig: Rig) -> None:
+    rig.state.mkdir()
+    offline, reporter = rig.job()  # never reached the service
+    rig.net.down = True
+    with pytest.raises(NoOfflineGrant, match="holds no offline grant"):
+        offline.barrier_for(0, patience_s=0.3)
+    assert isinstance(NoOfflineGrant("x"), Unavailable)
+    offline.close(release=False)
+    reporter.close()
+
+
+def test_the_heartbeat_keeps_an_idle_source_table_following_the_clock(rig: Rig) -> None:
+    rig.state.mkdir()
+    reporter = OutboxReporter(rig.client, rig.state / "outbox")
+    offline = OfflineBarriers(
+        rig.client, "src", reporter.outbox, rig.state, heartbeat_s=0.05, clock=rig.clock
+    )
+    wait_for(lambda: offline.granted)
+    rig.clock.advance(10 * SLOT)
+    wait_for(lambda: rig.frontier("ods.orders") == T0 + 9 * SLOT)
+    rig.net.down = True
+    time.sleep(0.2)
+    rig.clock.advance(10 * SLOT)
+    assert rig.frontier("ods.orders") <= T0 + 10 * SLOT  # silent job: held at its floor
+    offline.close(release=False)
+    reporter.close()
