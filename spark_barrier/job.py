@@ -288,6 +288,7 @@ def register(
     state_dir: str | Path | None = None,
     token: str | None = None,
     outbox: bool = True,
+    outbox_options: Mapping[str, Any] | None = None,
     offline: bool = True,
     patience_s: float = 3600.0,
 ) -> BarrierJob:
@@ -300,7 +301,9 @@ def register(
 
     ``catalog_uri`` and ``warehouse`` default to the MetaService's own settings
     (``METASERVICE_DB_URL``, ``METASERVICE_WAREHOUSE``): the catalog shares its database.
-    Reports go through a durable outbox under ``state_dir`` unless ``outbox=False``.
+    Reports go through a durable outbox under ``state_dir`` unless ``outbox=False``
+    (``outbox_options``: :class:`spark_barrier.outbox.Outbox` settings such as
+    ``max_bytes`` or ``fsync``).
     A source job (no ``inputs``) with an outbox holds an offline grant unless
     ``offline=False``: while the MetaService is unreachable its batches get barriers
     of their own and go on committing (see ``spark_barrier.offline``). Other batches
@@ -330,7 +333,7 @@ def register(
     reporter: Reporter
     offline_barriers = None
     if outbox:
-        outbox_reporter = OutboxReporter(client, state / "outbox")
+        outbox_reporter = OutboxReporter(client, state / "outbox", **(outbox_options or {}))
         if offline and not inputs:
             offline_barriers = OfflineBarriers(client, job, outbox_reporter.outbox, state)
             offline_barriers.report_in()  # reachable: _check_reachable passed
