@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 from metaservice.client import ApiError, MetaServiceClient, Unavailable
 from metaservice.clock import Clock, SystemClock
-from spark_barrier.outbox import Outbox
+from spark_barrier.outbox import Outbox, OutboxFullError
 
 log = logging.getLogger("spark_barrier.offline")
 
@@ -192,7 +192,15 @@ class OfflineBarriers:
         self._thread.join(timeout=10)
         if release:
             with self._lock:
-                self._control_seq = self.outbox.append(release_record(self.job))
+                try:
+                    self._control_seq = self.outbox.append(release_record(self.job))
+                except OutboxFullError:
+                    log.warning(
+                        "job %s: outbox full, its offline grant stays until the job runs "
+                        "again or an operator releases it",
+                        self.job,
+                    )
+                    return
                 self._state = None
                 self._state_path.unlink(missing_ok=True)
 

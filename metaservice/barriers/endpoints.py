@@ -27,7 +27,7 @@ router = APIRouter(tags=["barriers"], dependencies=[require(Role.READER)])
 @router.post(
     "/jobs/{job}/batches/{batch_id}/barrier",
     response_model=BatchBarrier,
-    responses=error_responses(404, 409),
+    responses=error_responses(400, 404, 409),
     dependencies=[require(Role.WRITER)],
 )
 def batch_barrier(
@@ -60,7 +60,7 @@ def batch_barrier(
 @router.put(
     "/jobs/{job}/offline-grant",
     response_model=OfflineGrant,
-    responses=error_responses(404),
+    responses=error_responses(400, 404),
     dependencies=[require(Role.WRITER)],
 )
 def take_offline_grant(
