@@ -26,6 +26,12 @@ replayed under the same batch id; a finished batch may be asked for again
 (Spark replays the last batch when its commit log was not written); reports
 may be sent twice, batched, or with conflicting contents.
 
+Outages of the service are simulated for source jobs holding an **offline grant**
+(``ReportIn``): ``Run(job, fail="offline")`` gives the batch a barrier of the
+job's own (never below its floor), writes the table, and leaves a claim and the
+report in the job's outbox; the job keeps running offline, and cannot report in,
+until ``Flush`` delivers its claims and reports in order.
+
 Typical use (see tests/metaservice/test_model_properties.py)::
 
     sim = Simulation(client, clock, topology)
@@ -219,6 +225,21 @@ class Flush(Compact):
 
 
 @dataclass(frozen=True, repr=False)
+class ReportIn(Compact):
+    """A source job reports in (takes or renews its offline grant) with the promise
+    max(its floor, the current slot); a no-op while its claims are undelivered."""
+
+    job: str
+
+
+@dataclass(frozen=True, repr=False)
+class ReleaseGrant(Compact):
+    """A source job stops cleanly: it gives its offline grant back (after its claims)."""
+
+    job: str
+
+
+@dataclass(frozen=True, repr=False)
 class Frontiers(Compact):
     """Read every table's frontier (GET /tables) and check what it promises."""
 
@@ -235,6 +256,8 @@ Step = (
     | Release
     | Expiry
     | Flush
+    | ReportIn
+    | ReleaseGrant
     | Frontiers
 )
 
@@ -329,6 +352,7 @@ class Pending:
     delta: Counter
     written: bool = False  # committed to the table already
     snapshot: Snapshot | None = None
+    claimed: bool = False  # the job gave it its barrier offline
 
 
 @dataclass
@@ -346,6 +370,8 @@ class JobState:
     done: list[Done] = field(default_factory=list)
     outbox: list[Pending] = field(default_factory=list)  # written, reports not delivered
     target: int | None = None  # a derived job's target announced by next-barrier
+    floor: int | None = None  # a source job's offline floor while it holds a grant
+    claims: list[tuple[int, int]] = field(default_factory=list)  # undelivered (batch, barrier)
 
     @property
     def frontier(self) -> int:
@@ -482,6 +508,10 @@ class Simulation:
                 for job in self.topo.jobs:
                     self.flush(job.name)
                 return None
+            case ReportIn(job):
+                return self.report_in(job)
+            case ReleaseGrant(job):
+                return self.release_grant(job)
             case Frontiers():
                 return self.frontiers()
         raise AssertionError(f"unknown step {step!r}")
@@ -536,6 +566,10 @@ class Simulation:
         batched: bool = False,
     ) -> str:
         jd, js = self.topo.job(job), self.jobs[job]
+        if jd.is_source and js.floor is not None and (fail == "offline" or js.claims):
+            return self._run_offline(jd, js, rows, fail)
+        if fail == "offline":
+            fail = "report_later"  # no grant: the job waits for the service, then reports later
         if not jd.is_source:
             self.flush(job)  # its next batch starts once the previous one is committed
         if peek and not jd.is_source:
@@ -570,6 +604,8 @@ class Simulation:
             # "it gets the current clock slot" (the manual clock never goes back)
             assert b == self.now_slot(), f"source batch got {b}, current slot {self.now_slot()}"
             assert b >= max((d.barrier for d in js.done), default=0)
+            if js.floor is not None:
+                js.floor = max(js.floor, b)  # later offline batches never go below it
             delta = Counter({(jd.output, next(self._row_seq), b): 1 for _ in range(rows)})
             self.source_rows[jd.output].extend(delta)
             p = js.pending = Pending(batch_id, b, answer, delta)
@@ -609,6 +645,66 @@ class Simulation:
         self.flush(job, batched)
         return "committed"
 
+    def _run_offline(self, jd: JobDef, js: JobState, rows: int, fail: str) -> str:
+        """A source batch while the service is unreachable: a barrier of the job's own,
+        claimed in the outbox before the commit; the report waits in the outbox too."""
+        assert js.floor is not None
+        p = js.pending
+        if p is not None and (p.written or p.claimed):
+            batch_id = p.batch_id  # replayed: its claimed or stamped barrier stands
+        else:
+            batch_id = p.batch_id if p is not None else js.next_batch
+            if p is not None:  # asked online, crashed before committing: re-tag its rows
+                for row in p.delta:
+                    self.source_rows[jd.output].remove(row)
+            used = [d.barrier for d in js.done] + [q.barrier for q in js.outbox]
+            b = max(js.floor, self.now_slot(), *used)
+            js.floor = b
+            delta = Counter({(jd.output, next(self._row_seq), b): 1 for _ in range(rows)})
+            self.source_rows[jd.output].extend(delta)
+            p = js.pending = Pending(batch_id, b, {"offline": True}, delta, claimed=True)
+            js.claims.append((batch_id, b))
+        self.log(f"run {jd.name} batch {batch_id} offline -> barrier {p.barrier} fail={fail}")
+        if fail == "before_commit":
+            return "crashed before commit"
+        if not p.written:
+            table = self.tables[jd.output]
+            assert table.find(jd.name, batch_id) is None
+            if p.delta:
+                p.snapshot = table.append(
+                    Snapshot(next(self._snapshot_ids), p.barrier, jd.name, batch_id, p.delta)
+                )
+            p.written = True
+        if fail == "after_commit":
+            return "crashed before report"
+        js.outbox.append(p)
+        js.pending = None
+        js.next_batch = batch_id + 1
+        return "committed offline"
+
+    def report_in(self, job: str) -> str:
+        jd, js = self.topo.job(job), self.jobs[job]
+        if not jd.is_source:
+            return "not a source job"
+        if js.claims:
+            return "claims undelivered"
+        promise = max(js.floor or 0, self.now_slot())
+        grant = self.call("PUT", f"/jobs/{job}/offline-grant", {200}, json={"floor": promise})
+        body = grant.json()
+        assert body["floor"] <= max(promise, body["barrier"]), body
+        js.floor = max(promise, body["barrier"])
+        self.log(f"report in {job}: floor {body['floor']}")
+        return "reported in"
+
+    def release_grant(self, job: str) -> str:
+        jd, js = self.topo.job(job), self.jobs[job]
+        if not jd.is_source or js.floor is None:
+            return "no grant"
+        self.flush(job)  # the release goes through the outbox, after the claims
+        self.call("DELETE", f"/jobs/{job}/offline-grant", {204})
+        js.floor = None
+        return "released"
+
     def _read_inputs(self, jd: JobDef, js: JobState, answer: dict) -> Counter:
         a, b = answer["start_barrier"], answer["barrier"]
         assert a == js.frontier, f"{jd.name} starts after {a}, but committed up to {js.frontier}"
@@ -638,6 +734,14 @@ class Simulation:
     def flush(self, job: str, batched: bool = False) -> None:
         """Deliver the job's outbox, oldest report first."""
         jd, js = self.topo.job(job), self.jobs[job]
+        while js.claims:
+            batch_id, barrier = js.claims[0]
+            answer = self.call(
+                "POST", f"/jobs/{job}/batches/{batch_id}/barrier", {200}, json={"barrier": barrier}
+            ).json()
+            assert answer["barrier"] == barrier, (answer, barrier)
+            js.claims.pop(0)
+            self.log(f"claim {job} batch {batch_id} at {barrier}")
         while js.outbox:
             self._report(jd, js, js.outbox.pop(0), batched)
 
@@ -1013,6 +1117,20 @@ def step_strategy(topology: Topology, kind: str) -> st.SearchStrategy[Step]:
         return st.just(Expiry())
     if kind == "frontiers":
         return st.just(Frontiers())
+    if kind in ("report_in", "offline", "release_grant") and not topology.sources:
+        return st.just(Frontiers())
+    sources = st.sampled_from([j.name for j in topology.sources])
+    if kind == "report_in":
+        return st.builds(ReportIn, sources)
+    if kind == "release_grant":
+        return st.builds(ReleaseGrant, sources)
+    if kind == "offline":
+        return st.builds(
+            Run,
+            sources,
+            rows=st.integers(0, 3),
+            fail=st.sampled_from(["offline", "offline", "before_commit", "after_commit"]),
+        )
     if kind == "flush":
         return st.just(Flush())
     raise ValueError(kind)
