@@ -162,9 +162,11 @@ class OfflineBarriers:
 
     def report_in(self) -> bool:
         """Renew the grant with a fresh promise; False while claims are undelivered."""
-        if self.controls_pending():
-            return False
         with self._lock:
+            # Checked under the lock that claims take: a claim made after this point
+            # is at or above the promise, so the floor the service records is below it.
+            if self.controls_pending():
+                return False
             promise = self._promise()
             if self._state is not None:
                 self._state.floor = promise
