@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -70,6 +71,18 @@ def db_url(request) -> str:  # type: ignore[no-untyped-def]
     url = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
     upgrade(url)
     return url  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local SparkSession for the whole run (starting a JVM takes seconds); only
+    the tests that ask for it start it."""
+    from spark_barrier.spark_session import local_spark_builder
+
+    session = local_spark_builder("metaservice-tests").getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
 
 
 @pytest.fixture

@@ -1,25 +1,14 @@
-"""Fixtures for the Spark-side tests: one local SparkSession, a fresh catalog per test."""
+"""Fixtures for the Spark-side tests: a fresh catalog per test (the SparkSession is
+shared by the whole run, see tests/conftest.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from pyiceberg.catalog import Catalog
-from pyspark.sql import SparkSession
 
 from spark_barrier.iceberg_io import open_catalog
-from spark_barrier.spark_session import local_spark_builder
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
-    """One local SparkSession for the whole run (starting a JVM takes seconds)."""
-    session = local_spark_builder("spark_barrier-tests").getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
 
 
 @pytest.fixture
