@@ -33,6 +33,7 @@ bench: install
 	$(PY) -m bench.bench_service --out bench/results/service.json
 	$(PY) -m bench.bench_outbox --out bench/results/outbox.json
 	$(PY) -m bench.bench_spark --out bench/results/spark.json
+	$(PY) -m bench.bench_outage --out bench/results/outage.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis demo-warehouse
