@@ -124,7 +124,9 @@ def _install_error_handlers(app: FastAPI) -> None:
         response = _error(
             503,
             "database_unavailable",
-            "the MetaService cannot reach its database; nothing was changed, retry shortly",
+            "the MetaService cannot reach its database; retry shortly. The request was not "
+            "applied, or, if the connection dropped while committing, applied once "
+            "(registration, barrier, claim, grant and commit requests are idempotent)",
         )
         response.headers["Retry-After"] = "1"
         return response

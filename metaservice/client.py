@@ -218,6 +218,13 @@ class MetaServiceClient:
         data = self._request("POST", f"/jobs/{job}/batches/{batch_id}/barrier", json=body)
         return BatchBarrier.model_validate(data)
 
+    def claim_barriers(self, job: str, claims: Iterable[tuple[int, int]]) -> list[BatchBarrier]:
+        """Claim ``(batch_id, barrier)`` pairs a source job gave itself offline, in order,
+        all or nothing."""
+        body = {"claims": [{"batch_id": b, "barrier": barrier} for b, barrier in claims]}
+        data = self._request("POST", f"/jobs/{job}/claims", json=body)
+        return [BatchBarrier.model_validate(item) for item in data["results"]]
+
     def offline_grant(self, job: str, floor: int) -> OfflineGrant:
         """Report in and take or renew the job's offline grant (see ``barriers/offline.py``)."""
         data = self._request("PUT", f"/jobs/{job}/offline-grant", json={"floor": floor})

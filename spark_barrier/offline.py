@@ -43,6 +43,10 @@ T = TypeVar("T")
 CLAIM = "claim"
 RELEASE = "release"
 _STATE_FILE = "offline.json"
+# Room a claim keeps free in the outbox for its batch's commit reports (about 140
+# bytes per output table), so that a full outbox stops the job before it commits a
+# batch whose report could not be written, not after.
+COMMIT_REPORTS_RESERVE_BYTES = 4096
 
 
 class NoOfflineGrant(Unavailable):
@@ -137,7 +141,10 @@ class OfflineBarriers:
             if self._state is None:
                 raise self._no_grant()
             barrier = max(self._state.floor, self._clock_slot())
-            self._control_seq = self.outbox.append(claim_record(self.job, batch_id, barrier))
+            self._control_seq = self.outbox.append(
+                claim_record(self.job, batch_id, barrier),
+                reserve_bytes=COMMIT_REPORTS_RESERVE_BYTES,
+            )
             self._claims[batch_id] = barrier
             self._state.floor = barrier
             _save(self._state_path, self._state)

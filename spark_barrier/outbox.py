@@ -511,18 +511,20 @@ class Outbox:
 
     # -- appending
 
-    def append(self, record: Mapping[str, Any]) -> int:
+    def append(self, record: Mapping[str, Any], *, reserve_bytes: int = 0) -> int:
         """Append a report; return its sequence number once it is durable per the fsync mode.
 
         Raises ``OutboxFullError`` (nothing written) when the log would exceed
-        ``max_bytes``, ``TypeError``/``ValueError`` for a report that is not a JSON object.
+        ``max_bytes``, or leave less than ``reserve_bytes`` for the records that must
+        follow this one; ``TypeError``/``ValueError`` for a report that is not a JSON
+        object.
         """
         payload = _encode_payload(record)
         with self._lock:
             self._check_writable()
             seq = self._next_seq
             frame = encode_frame(seq, payload)
-            self._ensure_room(len(frame))
+            self._ensure_room(len(frame), reserve_bytes)
             self._write(self._segment_for(len(frame)), seq, frame)
             self._next_seq = seq + 1
             self._changed.notify_all()
@@ -538,14 +540,19 @@ class Outbox:
                 f"outbox {self._dir} failed earlier ({self._failed}); reopen it to recover"
             ) from self._failed
 
-    def _ensure_room(self, frame_bytes: int) -> None:
-        if self._total_bytes + frame_bytes <= self._max_bytes:
+    def _ensure_room(self, frame_bytes: int, reserve_bytes: int) -> None:
+        if self._total_bytes + frame_bytes + reserve_bytes <= self._max_bytes:
             return
         backlog = self._next_seq - 1 - self._acked
+        needs = f"{frame_bytes} more bytes" + (
+            f" and {reserve_bytes} kept free for the reports that follow it"
+            if reserve_bytes
+            else ""
+        )
         raise OutboxFullError(
             f"outbox {self._dir} is full: {_human(self._total_bytes)} of "
             f"max_bytes={_human(self._max_bytes)} used by {backlog} reports the MetaService "
-            f"has not acknowledged, and this report needs {frame_bytes} more bytes; it was "
+            f"has not acknowledged, and this report needs {needs}; it was "
             "not written. Bring the MetaService back (check that it is running and reachable "
             "from this driver) so the backlog drains, or raise max_bytes."
         )
@@ -848,7 +855,7 @@ class Deliverer:
         *,
         batch_size: int = 100,
         initial_backoff_s: float = 0.2,
-        max_backoff_s: float = 30.0,
+        max_backoff_s: float = 5.0,
         jitter: float = 0.5,
         name: str = "outbox-deliverer",
     ) -> None:

@@ -9,15 +9,24 @@ from __future__ import annotations
 
 import logging
 import time
-from itertools import groupby
 from pathlib import Path
 from typing import Any, Protocol
 
-from metaservice.client import ApiError, ConflictError, MetaServiceClient, Unavailable
+from metaservice.client import ApiError, MetaServiceClient, Unavailable
 from spark_barrier.offline import CLAIM, RELEASE
 from spark_barrier.outbox import Deliverer, Outbox
 
 log = logging.getLogger("spark_barrier.report")
+
+
+COMMIT = "commit"  # a record without a kind is a commit report
+
+
+def worth_retrying(exc: ApiError) -> bool:
+    """Whether a refusal may go away: the service's own failure, or a token or rate
+    limit an operator can fix. Anything else is final, and the outbox drops the record
+    (logged) rather than hold every later one back behind it."""
+    return exc.status >= 500 or exc.status in (401, 403, 429)
 
 
 class Reporter(Protocol):
@@ -41,48 +50,70 @@ class OutboxReporter:
         self.deliverer.start()
 
     def _send(self, batch: list[dict[str, Any]]) -> None:
-        """Deliver records in order: runs of commit reports in one request each."""
-        for kind, run in groupby(batch, key=lambda record: record.get("kind", "commit")):
-            records = list(run)
-            if kind == "commit":
-                self._send_commits(records)
-            else:
-                for record in records:
-                    self._send_control(record)
+        """Deliver records in order, in as few requests as that order allows.
 
-    def _send_control(self, record: dict[str, Any]) -> None:
-        try:
-            if record["kind"] == CLAIM:
-                self.client.batch_barrier(
-                    record["job"], record["batch_id"], claim=record["barrier"]
-                )
-            elif record["kind"] == RELEASE:
-                self.client.release_offline_grant(record["job"])
+        Between two releases, each job's claims go first, in one request per job, then
+        the commit reports in one request: every commit report still arrives after its
+        own batch's claim, and a source job may have several batches open at once.
+        A release goes only after everything before it.
+        """
+        stretch: list[dict[str, Any]] = []
+        for record in batch:
+            if record.get("kind") == RELEASE:
+                self._send_stretch(stretch)
+                stretch = []
+                self._send_release(record)
             else:
+                stretch.append(record)
+        self._send_stretch(stretch)
+
+    def _send_stretch(self, records: list[dict[str, Any]]) -> None:
+        claims = [r for r in records if r.get("kind") == CLAIM]
+        for job in dict.fromkeys(r["job"] for r in claims):
+            self._send_claims(job, [r for r in claims if r["job"] == job])
+        commits = [r for r in records if r.get("kind", COMMIT) == COMMIT]
+        if commits:
+            self._send_commits(commits)
+        for record in records:
+            if record.get("kind", COMMIT) not in (CLAIM, COMMIT):
                 log.error("unknown outbox record %s; skipped", record)
+
+    def _send_claims(self, job: str, claims: list[dict[str, Any]]) -> None:
+        try:
+            self.client.claim_barriers(job, [(r["batch_id"], r["barrier"]) for r in claims])
         except ApiError as exc:
-            if exc.status >= 500:
+            if worth_retrying(exc):
                 raise
-            # Refused for good; its commit report will be refused too, and
-            # `metaservice reconcile` can rebuild the mapping from the table.
+            # Refused for good, and as a whole: deliver the others one by one. The
+            # refused batch's commit report will be refused too, and `metaservice
+            # reconcile` can rebuild its mapping from the table.
+            if len(claims) == 1:
+                log.error("MetaService refused claim %s: %s", claims[0], exc.message)
+                return
+            for record in claims:
+                self._send_claims(job, [record])
+
+    def _send_release(self, record: dict[str, Any]) -> None:
+        try:
+            self.client.release_offline_grant(record["job"])
+        except ApiError as exc:
+            if worth_retrying(exc):
+                raise
             log.error("MetaService refused %s: %s", record, exc.message)
 
     def _send_commits(self, batch: list[dict[str, Any]]) -> None:
         try:
             self.client.report_commits(batch)
-        except ConflictError as exc:
-            # Refused for good: retrying would block every later report. The batch is
-            # refused as a whole, so deliver the others one by one and log the bad one.
+        except ApiError as exc:
+            if worth_retrying(exc):
+                raise
+            # Refused for good, and as a whole: deliver the others one by one and log
+            # the bad one (retrying it would block every later report).
             if len(batch) == 1:
                 log.error("MetaService refused report %s: %s", batch[0], exc.message)
                 return
             for report in batch:
                 self._send_commits([report])
-        except ApiError as exc:
-            if exc.status < 500:
-                log.error("MetaService refused reports %s: %s", batch, exc.message)
-                return
-            raise
 
     def report(self, report: dict[str, Any]) -> None:
         self.outbox.append(report)

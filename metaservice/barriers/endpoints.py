@@ -8,6 +8,8 @@ from metaservice.barriers.schemas import (
     MAX_SIGNED_64,
     BarrierClaim,
     BatchBarrier,
+    ClaimBatch,
+    ClaimBatchResult,
     CommitBatch,
     CommitBatchResult,
     CommitReport,
@@ -55,6 +57,27 @@ def batch_barrier(
         )
     BARRIERS.inc()
     return result
+
+
+@router.post(
+    "/jobs/{job}/claims",
+    response_model=ClaimBatchResult,
+    responses=error_responses(400, 404, 409, 413),
+    dependencies=[require(Role.WRITER)],
+)
+def claim_barriers(
+    job: str,
+    body: ClaimBatch = Body(description="Barriers the job gave its batches offline"),
+    s: Services = Depends(services),
+) -> ClaimBatchResult:
+    """Claim the barriers a source job gave many batches while offline, in batch order,
+    all or nothing: the same checks as a claim through `.../barrier`, one transaction."""
+    most = s.ctx.settings.max_commits_per_request
+    if len(body.claims) > most:
+        raise TooLarge(f"{len(body.claims)} claims in one request; at most {most}", field="claims")
+    results = s.db.write(lambda session: offline.claim_many(session, s.ctx, job, body.claims))
+    BARRIERS.inc(len(results))
+    return ClaimBatchResult(results=results)
 
 
 @router.put(

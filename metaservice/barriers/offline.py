@@ -22,14 +22,15 @@ until it comes back or an operator releases the grant.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from sqlalchemy.orm import Session
 
 from metaservice.barriers import repository as repo
-from metaservice.barriers.schemas import BatchBarrier, OfflineGrant
+from metaservice.barriers.schemas import BatchBarrier, ClaimedBarrier, OfflineGrant
 from metaservice.barriers.service import batch_view, check_batch_order, open_source_batch
 from metaservice.context import Context
-from metaservice.errors import Conflict, Invalid
+from metaservice.errors import Conflict, Invalid, ServiceError
 from metaservice.models import SOURCE, Job
 from metaservice.topology import repository as topo
 
@@ -110,6 +111,21 @@ def claim(
     job.last_seen_ms = ctx.now_ms()
     session.flush()
     return batch_view(session, job, batch)
+
+
+def claim_many(
+    session: Session, ctx: Context, job_name: str, claims: Sequence[ClaimedBarrier]
+) -> list[BatchBarrier]:
+    """Record many claims of one job in order, all or nothing (a backlog drains in
+    one transaction per request instead of one per batch)."""
+    results = []
+    for index, item in enumerate(claims):
+        try:
+            results.append(claim(session, ctx, job_name, item.batch_id, item.barrier))
+        except ServiceError as exc:
+            exc.field = f"claims.{index}.{exc.field or 'barrier'}"
+            raise
+    return results
 
 
 def _check_claim(session: Session, ctx: Context, job: Job, batch_id: int, barrier: int) -> None:

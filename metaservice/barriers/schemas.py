@@ -75,6 +75,25 @@ class BarrierClaim(BaseModel):
     barrier: int = Field(ge=0, le=MAX_SIGNED_64, description="On the barrier grid, >= the floor")
 
 
+class ClaimedBarrier(BaseModel):
+    """One batch's barrier, given by the job itself while offline."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    batch_id: int = Field(ge=0, le=MAX_SIGNED_64)
+    barrier: int = Field(ge=0, le=MAX_SIGNED_64, description="On the barrier grid, >= the floor")
+
+
+class ClaimBatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    claims: list[ClaimedBarrier] = Field(min_length=1, description="In batch order")
+
+
+class ClaimBatchResult(BaseModel):
+    results: list[BatchBarrier]
+
+
 class OfflineGrantRequest(BaseModel):
     """A source job's promise: it will never give itself a barrier below ``floor``."""
 

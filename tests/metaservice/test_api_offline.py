@@ -185,3 +185,40 @@ def test_a_claim_behind_an_earlier_batch_is_refused(client, db_url, clock: Manua
     assert claim(client, "src", 0, T0 + 4 * SLOT).status_code == 200
     with unchanged(db_url):
         assert_error(claim(client, "src", 1, T0 + 2 * SLOT), 409, "barrier_went_back", "barrier")
+
+
+def claims(client: TestClient, job: str, pairs: list[tuple[int, int]]):  # type: ignore[no-untyped-def]
+    body = {"claims": [{"batch_id": b, "barrier": barrier_} for b, barrier_ in pairs]}
+    return client.post(f"{API}/jobs/{job}/claims", json=body)
+
+
+def test_many_claims_in_one_request_are_recorded_in_order(client, clock: ManualClock):
+    source_and_reader(client)
+    grant(client, "src", floor=T0)
+    clock.advance(5 * SLOT)
+    pairs = [(0, T0), (1, T0 + SLOT), (2, T0 + SLOT), (3, T0 + 4 * SLOT)]
+    r = claims(client, "src", pairs)
+    assert r.status_code == 200, r.text
+    assert [(x["batch_id"], x["barrier"]) for x in r.json()["results"]] == pairs
+    for batch_id, b in pairs:
+        commit(client, "src", batch_id, b, "ods.orders", 100 + batch_id)
+    assert claims(client, "src", pairs).status_code == 200  # a redelivery: the same answers
+    assert frontier(client, "ods.orders") == T0 - SLOT  # until the job reports in
+
+
+def test_a_claims_request_with_one_bad_claim_changes_nothing(client, db_url, clock: ManualClock):
+    source_and_reader(client)
+    grant(client, "src", floor=T0)
+    clock.advance(5 * SLOT)
+    with unchanged(db_url):
+        r = claims(client, "src", [(0, T0), (1, T0 + 3 * SLOT), (2, T0 + SLOT)])
+        assert_error(r, 409, "barrier_went_back", "claims.2.barrier")
+        assert_error(claims(client, "src", [(0, T0), (1, T0 + 7)]), 422, "off_grid")
+        assert_error(claims(client, "der", [(0, T0)]), 422, "not_source", "claims.0.job")
+        assert_error(claims(client, "nope", [(0, T0)]), 404, "not_found")
+        assert_error(claims(client, "src", []), 422, "invalid_request")
+        assert_error(
+            client.post(f"{API}/jobs/src/claims", json={"claims": [{"batch_id": 0}]}),
+            422,
+            "invalid_request",
+        )

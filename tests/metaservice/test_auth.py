@@ -61,6 +61,7 @@ NEEDS: dict[tuple[str, str], Role] = {
     ("POST", "/api/v1/jobs/{job}/events"): Role.WRITER,
     ("POST", "/api/v1/jobs/{job}/batches/{batch_id}/barrier"): Role.WRITER,
     ("GET", "/api/v1/jobs/{job}/next-barrier"): Role.WRITER,  # fixes the job's next target
+    ("POST", "/api/v1/jobs/{job}/claims"): Role.WRITER,
     ("PUT", "/api/v1/jobs/{job}/offline-grant"): Role.WRITER,
     ("DELETE", "/api/v1/jobs/{job}/offline-grant"): Role.WRITER,
     ("GET", "/api/v1/tables"): Role.READER,
@@ -100,6 +101,7 @@ BODIES = {
     ("POST", "/api/v1/commits"): report("der", 1, T0 + 2000, "dw.detail", 202),
     ("POST", "/api/v1/commits/batch"): {"commits": [report("der", 1, T0 + 2000, "dw.detail", 202)]},
     ("PUT", "/api/v1/jobs/{job}/offline-grant"): {"floor": 0},
+    ("POST", "/api/v1/jobs/{job}/claims"): {"claims": [{"batch_id": 9, "barrier": 0}]},
     ("POST", "/api/v1/leases"): {"tables": ["ods.orders", "dw.detail"], "lease_seconds": 60},
     ("POST", "/api/v1/tokens"): {"role": "reader", "description": "made by the test"},
 }

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -17,7 +18,8 @@ from metaservice.client import MetaServiceClient, Unavailable
 from metaservice.clock import ManualClock
 from metaservice.migrate import upgrade
 from metaservice.settings import Settings
-from spark_barrier.offline import NoOfflineGrant, OfflineBarriers
+from spark_barrier.offline import COMMIT_REPORTS_RESERVE_BYTES, NoOfflineGrant, OfflineBarriers
+from spark_barrier.outbox import OutboxFullError
 from spark_barrier.report import OutboxReporter
 
 T0 = 1_700_000_000_000
@@ -31,10 +33,16 @@ class Partition(httpx.BaseTransport):
         self.inner = inner
         self.down = False
         self.lose_answers = False
+        self.refuse_with: int | None = None  # answer this status without passing it on
+        self.requests: list[str] = []  # "METHOD path" of each request that got through
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         if self.down:
             raise httpx.ConnectError("network cut by the test", request=request)
+        if self.refuse_with is not None:
+            body = {"code": "refused_by_test", "message": "refused by the test"}
+            return httpx.Response(self.refuse_with, json=body)
+        self.requests.append(f"{request.method} {request.url.path}")
         response = self.inner.handle_request(request)
         body = response.read()
         if self.lose_answers:
@@ -50,8 +58,10 @@ class Rig:
     client: MetaServiceClient  # the job's client, through the partition
     state: Path
 
-    def job(self, name: str = "src") -> tuple[OfflineBarriers, OutboxReporter]:
-        reporter = OutboxReporter(self.client, self.state / "outbox")
+    def job(
+        self, name: str = "src", **outbox_options: Any
+    ) -> tuple[OfflineBarriers, OutboxReporter]:
+        reporter = OutboxReporter(self.client, self.state / "outbox", **outbox_options)
         offline = OfflineBarriers(
             self.client,
             name,
@@ -85,16 +95,18 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
         client.close()
 
 
+def report_of(batch_id: int, barrier: int) -> dict[str, Any]:
+    return {
+        "job": "src",
+        "batch_id": batch_id,
+        "barrier": barrier,
+        "table": "ods.orders",
+        "snapshot_id": 100 + batch_id,
+    }
+
+
 def commit(reporter: OutboxReporter, batch_id: int, barrier: int) -> None:
-    reporter.report(
-        {
-            "job": "src",
-            "batch_id": batch_id,
-            "barrier": barrier,
-            "table": "ods.orders",
-            "snapshot_id": 100 + batch_id,
-        }
-    )
+    reporter.report(report_of(batch_id, barrier))
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -209,4 +221,67 @@ def test_the_heartbeat_keeps_an_idle_source_table_following_the_clock(rig: Rig) 
     rig.clock.advance(10 * SLOT)
     assert rig.frontier("ods.orders") <= T0 + 10 * SLOT  # silent job: held at its floor
     offline.close(release=False)
+    reporter.close()
+
+
+def test_a_backlog_of_offline_batches_drains_in_few_requests(rig: Rig) -> None:
+    rig.state.mkdir()
+    offline, reporter = rig.job()
+    offline.report_in()
+    rig.net.down = True
+    claimed = []
+    for batch_id in range(60):
+        rig.clock.advance(SLOT)
+        claimed.append(offline.barrier_for(batch_id))
+        commit(reporter, batch_id, claimed[-1])
+    rig.net.requests.clear()
+    rig.net.down = False
+    assert reporter.flush(10)
+    assert rig.snapshots("ods.orders") == list(enumerate(claimed))
+    # 120 records, up to 100 per delivery: per delivery one request of claims and one
+    # of commits, plus the retried first attempt (it held the first claim alone).
+    assert set(rig.net.requests) == {"POST /api/v1/jobs/src/claims", "POST /api/v1/commits/batch"}
+    assert len(rig.net.requests) <= 5
+    offline.close()
+    reporter.close()
+
+
+def test_a_full_outbox_stops_the_job_before_a_commit_it_could_not_report(rig: Rig) -> None:
+    rig.state.mkdir()
+    offline, reporter = rig.job(max_bytes=COMMIT_REPORTS_RESERVE_BYTES + 2048)
+    offline.report_in()
+    rig.net.down = True
+    batch_id = 0
+    with pytest.raises(OutboxFullError, match="kept free for the reports that follow"):
+        while True:
+            rig.clock.advance(SLOT)
+            barrier = offline.barrier_for(batch_id)
+            commit(reporter, batch_id, barrier)  # never refused: the claim kept room
+            batch_id += 1
+    assert batch_id > 0
+    backlog = reporter.outbox.backlog
+    rig.net.down = False
+    assert reporter.flush(10)
+    assert backlog == 2 * batch_id  # a claim and a report for every batch that got one
+    assert [b for b, _ in rig.snapshots("ods.orders")] == list(range(batch_id))
+    offline.close()
+    reporter.close()
+
+
+def test_a_refused_token_holds_reports_back_and_one_bad_report_drops_no_other(
+    rig: Rig,
+) -> None:
+    rig.state.mkdir()
+    reporter = OutboxReporter(rig.client, rig.state / "outbox")
+    barriers = [rig.client.batch_barrier("src", batch_id).barrier for batch_id in range(3)]
+    rig.net.refuse_with = 401  # e.g. a token revoked by mistake: an operator fixes it
+    for batch_id in range(3):
+        if batch_id == 1:  # a report the service refuses for good, amid good ones
+            reporter.report({**report_of(batch_id, barriers[batch_id]), "table": "no.such"})
+        commit(reporter, batch_id, barriers[batch_id])
+    assert not reporter.flush(1.0)
+    assert reporter.outbox.backlog == 4  # nothing dropped while the token is refused
+    rig.net.refuse_with = None
+    assert reporter.flush(10)
+    assert rig.snapshots("ods.orders") == list(enumerate(barriers))
     reporter.close()
