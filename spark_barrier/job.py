@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -179,6 +180,10 @@ class BarrierSink:
         self.transform = transform
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
+        with _in_batch(self.job.name):
+            self._run_batch(df, batch_id)
+
+    def _run_batch(self, df: DataFrame, batch_id: int) -> None:
         job = self.job
         iceberg = job.table(self.table)
         done = find_batch_commit(iceberg, job.name, batch_id)
@@ -241,15 +246,38 @@ class BarrierSink:
         )
 
 
-def stop_between_batches(query: StreamingQuery, timeout: float = 60.0) -> None:
-    """Stop ``query`` when no batch is running, so no commit is interrupted halfway.
+# Sink calls in progress, by query name (a job's query is named after the job).
+_batches_running: dict[str, int] = {}
+_batches_lock = threading.Lock()
 
-    Interrupting a batch is safe (the next run replays it exactly once) but noisy;
-    after ``timeout`` seconds the query is stopped anyway.
+
+@contextmanager
+def _in_batch(query_name: str) -> Iterator[None]:
+    with _batches_lock:
+        _batches_running[query_name] = _batches_running.get(query_name, 0) + 1
+    try:
+        yield
+    finally:
+        with _batches_lock:
+            _batches_running[query_name] -= 1
+
+
+def _sink_busy(query_name: str) -> bool:
+    with _batches_lock:
+        return _batches_running.get(query_name, 0) > 0
+
+
+def stop_between_batches(query: StreamingQuery, timeout: float = 60.0) -> None:
+    """Stop ``query`` when its sink is between batches, so no commit is interrupted halfway.
+
+    A query that is behind runs its triggers back to back, so waiting for Spark to be
+    idle could wait forever; what matters is that no ``foreachBatch`` call is in the
+    middle of a commit. Interrupting one is safe (the next run replays it exactly once)
+    but noisy; after ``timeout`` seconds the query is stopped anyway.
     """
     deadline = time.monotonic() + timeout
-    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
-        time.sleep(0.1)
+    while query.isActive and _sink_busy(query.name or "") and time.monotonic() < deadline:
+        time.sleep(0.01)
     query.stop()
 
 
