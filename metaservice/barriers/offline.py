@@ -28,10 +28,10 @@ from sqlalchemy.orm import Session
 
 from metaservice.barriers import repository as repo
 from metaservice.barriers.schemas import BatchBarrier, ClaimedBarrier, OfflineGrant
-from metaservice.barriers.service import batch_view, check_batch_order, open_source_batch
+from metaservice.barriers.service import batch_view, open_source_batch
 from metaservice.context import Context
 from metaservice.errors import Conflict, Invalid, ServiceError
-from metaservice.models import SOURCE, Job
+from metaservice.models import SOURCE, Batch, Job
 from metaservice.topology import repository as topo
 
 log = logging.getLogger("metaservice.offline")
@@ -81,54 +81,91 @@ def claim(
     session: Session, ctx: Context, job_name: str, batch_id: int, barrier: int
 ) -> BatchBarrier:
     """Record the barrier a source job gave its batch while offline (idempotent)."""
-    job = _source_job(session, job_name)
-    batch = repo.get_batch(session, job.id, batch_id)
-    if batch is not None and batch.barrier == barrier:
-        return batch_view(session, job, batch)
-    _check_claim(session, ctx, job, batch_id, barrier)
-    if batch is None:
-        check_batch_order(session, job, batch_id)
-        batch = open_source_batch(session, ctx, job, batch_id, barrier)
-    elif batch.committed:
-        raise Conflict(
-            f"batch {batch_id} of job '{job.name}' committed at barrier {batch.barrier}, "
-            f"not {barrier}",
-            field="barrier",
-            code="barrier_mismatch",
-        )
-    else:
-        # The job asked, the answer was lost, and it went on offline: its claim wins.
-        # Safe: the frontier stayed below the floor, which the claim is not below.
-        log.info(
-            "job %s batch %d: claimed barrier %d replaces %d",
-            job.name,
-            batch_id,
-            barrier,
-            batch.barrier,
-        )
-        batch.barrier = barrier
-        repo.raise_last_issued(session, barrier)
-    job.last_seen_ms = ctx.now_ms()
-    session.flush()
-    return batch_view(session, job, batch)
+    item = ClaimedBarrier(batch_id=batch_id, barrier=barrier)
+    return claim_many(session, ctx, job_name, [item], field_prefix="")[0]
 
 
 def claim_many(
-    session: Session, ctx: Context, job_name: str, claims: Sequence[ClaimedBarrier]
+    session: Session,
+    ctx: Context,
+    job_name: str,
+    claims: Sequence[ClaimedBarrier],
+    *,
+    field_prefix: str = "claims.",
 ) -> list[BatchBarrier]:
-    """Record many claims of one job in order, all or nothing (a backlog drains in
-    one transaction per request instead of one per batch)."""
-    results = []
+    """Record claims of one job in order, all or nothing. The job is locked and its
+    batches read once per request, so a backlog drains at many claims per query."""
+    job = _source_job(session, job_name)
+    known = repo.batches_by_id(session, job.id, [c.batch_id for c in claims])
+    newest = repo.newest_batch(session, job.id)
+    batches = []
     for index, item in enumerate(claims):
         try:
-            results.append(claim(session, ctx, job_name, item.batch_id, item.barrier))
+            batch = _claim_one(session, ctx, job, item, known.get(item.batch_id), newest)
         except ServiceError as exc:
-            exc.field = f"claims.{index}.{exc.field or 'barrier'}"
+            if field_prefix:
+                exc.field = f"{field_prefix}{index}.{exc.field or 'barrier'}"
             raise
-    return results
+        known[batch.batch_id] = batch
+        if newest is None or batch.batch_id > newest.batch_id:
+            newest = batch
+        batches.append(batch)
+    job.last_seen_ms = ctx.now_ms()
+    session.flush()
+    return [batch_view(session, job, batch) for batch in batches]
 
 
-def _check_claim(session: Session, ctx: Context, job: Job, batch_id: int, barrier: int) -> None:
+def _claim_one(
+    session: Session,
+    ctx: Context,
+    job: Job,
+    item: ClaimedBarrier,
+    batch: Batch | None,
+    newest: Batch | None,
+) -> Batch:
+    if batch is not None and batch.barrier == item.barrier:
+        return batch  # delivered before
+    _check_claim(ctx, job, item.barrier)
+    if newest is not None and newest.batch_id > item.batch_id:
+        raise Conflict(
+            f"job '{job.name}' already has batch {newest.batch_id}; a claim for batch "
+            f"{item.batch_id} comes too late",
+            field="batch_id",
+            code="batch_out_of_order",
+        )
+    if batch is None:
+        _check_not_behind(job, newest, item)
+        return open_source_batch(session, ctx, job, item.batch_id, item.barrier)
+    if batch.committed:
+        raise Conflict(
+            f"batch {item.batch_id} of job '{job.name}' committed at barrier {batch.barrier}, "
+            f"not {item.barrier}",
+            field="barrier",
+            code="barrier_mismatch",
+        )
+    # The job asked, the answer was lost, and it went on offline: its claim wins.
+    # Safe: the frontier stayed below the floor, which the claim is not below.
+    _check_not_behind(job, repo.previous_batch(session, job.id, item.batch_id), item)
+    log.info(
+        "job %s batch %d: claimed barrier %d replaces %d",
+        job.name, item.batch_id, item.barrier, batch.barrier,
+    )  # fmt: skip
+    batch.barrier = item.barrier
+    repo.raise_last_issued(session, item.barrier)
+    return batch
+
+
+def _check_not_behind(job: Job, previous: Batch | None, item: ClaimedBarrier) -> None:
+    if previous is not None and previous.barrier > item.barrier:
+        raise Conflict(
+            f"batch {previous.batch_id} of job '{job.name}' has barrier {previous.barrier}; "
+            f"batch {item.batch_id} cannot have the earlier barrier {item.barrier}",
+            field="barrier",
+            code="barrier_went_back",
+        )
+
+
+def _check_claim(ctx: Context, job: Job, barrier: int) -> None:
     if barrier % ctx.interval:
         raise Invalid(
             f"barrier {barrier} is not on the barrier grid (multiples of {ctx.interval} ms)",
@@ -155,20 +192,4 @@ def _check_claim(session: Session, ctx: Context, job: Job, batch_id: int, barrie
             f"{job.offline_floor}: readers may already treat it as complete",
             field="barrier",
             code="claim_below_floor",
-        )
-    previous = repo.previous_batch(session, job.id, batch_id)
-    if previous is not None and previous.barrier > barrier:
-        raise Conflict(
-            f"batch {previous.batch_id} of job '{job.name}' has barrier {previous.barrier}; "
-            f"batch {batch_id} cannot have the earlier barrier {barrier}",
-            field="barrier",
-            code="barrier_went_back",
-        )
-    last = repo.last_batch_id(session, job.id)
-    if last is not None and last > batch_id:
-        raise Conflict(
-            f"job '{job.name}' already has batch {last}; a claim for batch {batch_id} "
-            "comes too late",
-            field="batch_id",
-            code="batch_out_of_order",
         )

@@ -40,6 +40,20 @@ def get_batch(session: Session, job_id: int, batch_id: int) -> Batch | None:
     ).scalar_one_or_none()
 
 
+def batches_by_id(session: Session, job_id: int, batch_ids: Sequence[int]) -> dict[int, Batch]:
+    rows = session.execute(
+        select(Batch).where(Batch.job_id == job_id, Batch.batch_id.in_(set(batch_ids)))
+    ).scalars()
+    return {batch.batch_id: batch for batch in rows}
+
+
+def newest_batch(session: Session, job_id: int) -> Batch | None:
+    """The job's batch with the largest id."""
+    return session.execute(
+        select(Batch).where(Batch.job_id == job_id).order_by(Batch.batch_id.desc()).limit(1)
+    ).scalar_one_or_none()
+
+
 def last_batch_id(session: Session, job_id: int) -> int | None:
     return session.execute(select(func.max(Batch.batch_id)).where(Batch.job_id == job_id)).scalar()
 

@@ -214,7 +214,7 @@ def test_a_claims_request_with_one_bad_claim_changes_nothing(client, db_url, clo
         r = claims(client, "src", [(0, T0), (1, T0 + 3 * SLOT), (2, T0 + SLOT)])
         assert_error(r, 409, "barrier_went_back", "claims.2.barrier")
         assert_error(claims(client, "src", [(0, T0), (1, T0 + 7)]), 422, "off_grid")
-        assert_error(claims(client, "der", [(0, T0)]), 422, "not_source", "claims.0.job")
+        assert_error(claims(client, "der", [(0, T0)]), 422, "not_source", "job")
         assert_error(claims(client, "nope", [(0, T0)]), 404, "not_found")
         assert_error(claims(client, "src", []), 422, "invalid_request")
         assert_error(
