@@ -33,7 +33,6 @@ import contextlib
 import json
 import logging
 import os
-import platform
 import signal
 import socket
 import sqlite3
@@ -43,18 +42,16 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
-from importlib import metadata
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from bench.common import host_facts, loadavg, package_version, pg_schema
 from metaservice.client import MetaServiceClient
 from spark_barrier.offline import OfflineBarriers
 from spark_barrier.outbox import DEFAULT_MAX_BYTES, HEADER_BYTES
@@ -66,49 +63,13 @@ SNAPSHOT_BASE = 6_917_529_027_641_081_856  # fake, distinct snapshot ids (the se
 # --------------------------------------------------------------------------- machine
 
 
-def _version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def machine_facts() -> dict[str, Any]:
-    model, mem_gb = "", None
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                mem_gb = round(int(line.split()[1]) / 1024 / 1024, 1)
+    packages = ("pyspark", "pyiceberg", "fastapi", "uvicorn", "sqlalchemy", "psycopg", "httpx")
     return {
-        "nproc": os.cpu_count(),
-        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "cpu_model": model or platform.processor(),
-        "mem_total_gb": mem_gb,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
+        **host_facts(),
         "sqlite": sqlite3.sqlite_version,
-        "packages": {
-            p: _version(p)
-            for p in (
-                "pyspark",
-                "pyiceberg",
-                "fastapi",
-                "uvicorn",
-                "sqlalchemy",
-                "psycopg",
-                "httpx",
-            )
-        },
+        "packages": {p: package_version(p) for p in packages},
     }
-
-
-def loadavg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 class LoadWatch:
@@ -253,19 +214,8 @@ def database(kind: str, pg_base: str, workdir: Path) -> Iterator[str]:
     if kind == "sqlite":
         yield f"sqlite:///{workdir / 'metaservice.db'}"
         return
-    from sqlalchemy import create_engine, text
-
-    schema = f"bench_outage_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(pg_base, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f"CREATE SCHEMA {schema}"))
-    joiner = "&" if "?" in pg_base else "?"
-    try:
-        yield f"{pg_base}{joiner}options={quote(f'-csearch_path={schema}')}"
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
-        admin.dispose()
+    with pg_schema(pg_base, "bench_outage") as url:
+        yield url
 
 
 def service_mapping(client: MetaServiceClient, table: str) -> list[Any]:

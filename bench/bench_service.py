@@ -45,14 +45,11 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 
@@ -60,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from sqlalchemy import create_engine, event, insert, text, update
 
+from bench.common import package_version, pg_schema
 from metaservice.db import make_engine, normalise_url
 from metaservice.migrate import upgrade
 from metaservice.models import DERIVED, SOURCE, Batch, ClockState, Commit, Job, JobInput, Table
@@ -89,7 +87,7 @@ def machine_facts(pg_base: str | None, dbs: list[str]) -> dict[str, Any]:
         "platform": platform.platform(),
         "sqlite": sqlite3.sqlite_version,
         "packages": {
-            p: _version(p)
+            p: package_version(p)
             for p in (
                 "fastapi",
                 "starlette",
@@ -116,13 +114,6 @@ def machine_facts(pg_base: str | None, dbs: list[str]) -> dict[str, Any]:
         finally:
             engine.dispose()
     return facts
-
-
-def _version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def calibration_ms() -> float:
@@ -174,19 +165,9 @@ def database(kind: str, pg_base: str, workdir: Path, name: str) -> Iterator[str]
         upgrade(url)
         yield url
         return
-    schema = f"bench_{name}_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(pg_base, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f"CREATE SCHEMA {schema}"))
-    joiner = "&" if "?" in pg_base else "?"
-    url = f"{pg_base}{joiner}options={quote(f'-csearch_path={schema}')}"
-    try:
+    with pg_schema(pg_base, f"bench_{name}") as url:
         upgrade(url)
         yield url
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
-        admin.dispose()
 
 
 # --------------------------------------------------------------------------- the service

@@ -30,7 +30,6 @@ import functools
 import json
 import logging
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -54,6 +53,7 @@ from pyspark.sql import functions as F
 import spark_barrier
 import spark_barrier.iceberg_io as iceberg_io
 import spark_barrier.job as job_module
+from bench.common import host_facts, loadavg
 from examples import streaming_warehouse as demo_module
 from examples.embedded import EmbeddedMetaService
 from metaservice.client import ConflictError, MetaServiceClient
@@ -66,36 +66,12 @@ CONSISTENT_TABLES = [demo_module.DETAIL, demo_module.REVENUE]
 
 
 def machine_facts() -> dict[str, Any]:
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem_gb = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                mem_gb = round(int(line.split()[1]) / 1024 / 1024, 1)
-    except OSError:
-        pass
     return {
-        "nproc": os.cpu_count(),
-        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "cpu_model": model or platform.processor(),
-        "mem_total_gb": mem_gb,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
+        **host_facts(),
         "pyspark": pyspark.__version__,
         "pyiceberg": pyiceberg.__version__,
         "spark_master": "local[2] (local_spark_builder)",
     }
-
-
-def loadavg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 # --------------------------------------------------------------------------- timing wrappers

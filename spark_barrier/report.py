@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -70,50 +71,38 @@ class OutboxReporter:
     def _send_stretch(self, records: list[dict[str, Any]]) -> None:
         claims = [r for r in records if r.get("kind") == CLAIM]
         for job in dict.fromkeys(r["job"] for r in claims):
-            self._send_claims(job, [r for r in claims if r["job"] == job])
+            self._send_or_split([r for r in claims if r["job"] == job], self._send_claims)
         commits = [r for r in records if r.get("kind", COMMIT) == COMMIT]
         if commits:
-            self._send_commits(commits)
+            self._send_or_split(commits, self.client.report_commits)
         for record in records:
             if record.get("kind", COMMIT) not in (CLAIM, COMMIT):
                 log.error("unknown outbox record %s; skipped", record)
 
-    def _send_claims(self, job: str, claims: list[dict[str, Any]]) -> None:
-        try:
-            self.client.claim_barriers(job, [(r["batch_id"], r["barrier"]) for r in claims])
-        except ApiError as exc:
-            if worth_retrying(exc):
-                raise
-            # Refused for good, and as a whole: deliver the others one by one. The
-            # refused batch's commit report will be refused too, and `metaservice
-            # reconcile` can rebuild its mapping from the table.
-            if len(claims) == 1:
-                log.error("MetaService refused claim %s: %s", claims[0], exc.message)
-                return
-            for record in claims:
-                self._send_claims(job, [record])
+    def _send_claims(self, claims: list[dict[str, Any]]) -> None:
+        pairs = [(r["batch_id"], r["barrier"]) for r in claims]
+        self.client.claim_barriers(claims[0]["job"], pairs)
 
     def _send_release(self, record: dict[str, Any]) -> None:
-        try:
-            self.client.release_offline_grant(record["job"])
-        except ApiError as exc:
-            if worth_retrying(exc):
-                raise
-            log.error("MetaService refused %s: %s", record, exc.message)
+        self._send_or_split([record], lambda _: self.client.release_offline_grant(record["job"]))
 
-    def _send_commits(self, batch: list[dict[str, Any]]) -> None:
+    def _send_or_split(
+        self, records: list[dict[str, Any]], send: Callable[[list[dict[str, Any]]], object]
+    ) -> None:
+        """Send ``records`` in one request. A refusal for good refuses the request as a
+        whole: deliver the others one by one and log the bad one (retrying it would block
+        every later record). A refused claim's commit report is refused too, and
+        `metaservice reconcile` can rebuild its mapping from the table."""
         try:
-            self.client.report_commits(batch)
+            send(records)
         except ApiError as exc:
             if worth_retrying(exc):
                 raise
-            # Refused for good, and as a whole: deliver the others one by one and log
-            # the bad one (retrying it would block every later report).
-            if len(batch) == 1:
-                log.error("MetaService refused report %s: %s", batch[0], exc.message)
+            if len(records) == 1:
+                log.error("MetaService refused %s: %s", records[0], exc.message)
                 return
-            for report in batch:
-                self._send_commits([report])
+            for record in records:
+                self._send_or_split([record], send)
 
     def report(self, report: dict[str, Any]) -> None:
         self.outbox.append(report)

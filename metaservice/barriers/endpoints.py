@@ -72,9 +72,7 @@ def claim_barriers(
 ) -> ClaimBatchResult:
     """Claim the barriers a source job gave many batches while offline, in batch order,
     all or nothing: the same checks as a claim through `.../barrier`, one transaction."""
-    most = s.ctx.settings.max_commits_per_request
-    if len(body.claims) > most:
-        raise TooLarge(f"{len(body.claims)} claims in one request; at most {most}", field="claims")
+    _check_count(s, len(body.claims), "claims", field="claims")
     results = s.db.write(lambda session: offline.claim_many(session, s.ctx, job, body.claims))
     BARRIERS.inc(len(results))
     return ClaimBatchResult(results=results)
@@ -148,11 +146,7 @@ def report_commits(
     s: Services = Depends(services),
 ) -> CommitBatchResult:
     """Report many commits at once, all or nothing: one bad report refuses the request."""
-    most = s.ctx.settings.max_commits_per_request
-    if len(body.commits) > most:
-        raise TooLarge(
-            f"{len(body.commits)} reports in one request; at most {most}", field="commits"
-        )
+    _check_count(s, len(body.commits), "reports", field="commits")
     result = s.db.write(
         lambda session: service.report_commits(
             session, s.ctx, body.commits, field_prefix="commits."
@@ -161,3 +155,10 @@ def report_commits(
     COMMITS.labels(result="recorded").inc(result.recorded)
     COMMITS.labels(result="duplicate").inc(result.duplicates)
     return result
+
+
+def _check_count(s: Services, count: int, what: str, *, field: str) -> None:
+    """Reports or claims in one request are bounded by one setting."""
+    most = s.ctx.settings.max_commits_per_request
+    if count > most:
+        raise TooLarge(f"{count} {what} in one request; at most {most}", field=field)

@@ -23,6 +23,7 @@ import spark_barrier
 from metaservice.client import MetaServiceClient, MetaServiceError
 from spark_barrier import BatchContext
 from spark_barrier.iceberg_io import list_stamped_snapshots, open_catalog, read_snapshot
+from tests.faults.workload import all_recorded
 
 SOURCE, DERIVED = "ods.events", "dw.doubled"
 EVENTS = T.StructType([T.StructField("id", T.LongType())])
@@ -103,18 +104,9 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str, poll: f
 
 def derived_batches(client: MetaServiceClient) -> int:
     try:
-        return len(all_reported(client, DERIVED))
+        return len(all_recorded(client, DERIVED))
     except MetaServiceError:
         return 0
-
-
-def all_reported(client: MetaServiceClient, table: str) -> list[Any]:
-    items: list[Any] = []
-    while True:
-        page = client.table_snapshots(table, limit=500, offset=len(items))
-        items.extend(page.items)
-        if not page.items or len(items) >= page.total:
-            return items
 
 
 def check_after_fault(pipeline: Pipeline, client: MetaServiceClient) -> dict[str, int]:
@@ -126,7 +118,7 @@ def check_after_fault(pipeline: Pipeline, client: MetaServiceClient) -> dict[str
         stamped = pipeline.stamped(table)
         reported = {
             (r.snapshot_id, r.barrier, r.job, r.batch_id)
-            for r in all_reported(client, table)
+            for r in all_recorded(client, table)
             if r.snapshot_id is not None
         }
         committed = {(s.snapshot_id, s.barrier, s.job, s.batch) for s in stamped}

@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Self
 
 import httpx
 import pytest
@@ -83,7 +83,34 @@ def postgres_bin_dir() -> Path | None:
     return None
 
 
-class PrivatePostgres:
+class _Managed:
+    """A child process as a context manager: started on entry (cleaned up if the start
+    fails), closed on exit."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class PrivatePostgres(_Managed):
     """A PostgreSQL server of one test's own: restarting it disturbs nothing else.
 
     The data folder is a fresh temporary folder (deleted by ``close``); the server
@@ -251,22 +278,6 @@ class PrivatePostgres:
                 self.root = None
             _live.discard(self)
 
-    def __enter__(self) -> PrivatePostgres:
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         return f"PrivatePostgres(port={self.port}, running={self.running}, root={self.root})"
 
@@ -285,7 +296,7 @@ def metaservice_executable() -> str:
     return str(found)
 
 
-class ServiceProcess:
+class ServiceProcess(_Managed):
     """The real MetaService (``metaservice start``) as a child process.
 
     Its output goes to ``log_path`` (appended across restarts, each start marked by a
@@ -419,22 +430,6 @@ class ServiceProcess:
             except Exception:
                 self.kill()
         _live.discard(self)
-
-    def __enter__(self) -> ServiceProcess:
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"ServiceProcess(url={self.url}, pid={self.pid}, starts={self.starts})"
