@@ -1,7 +1,7 @@
 """ORM models. Importing this package registers every table on ``Base.metadata``."""
 
 from metaservice.models.auth import ApiToken
-from metaservice.models.barriers import Batch, ClockState, Commit
+from metaservice.models.barriers import Batch, BatchInput, BatchPlan, ClockState, Commit
 from metaservice.models.base import Base
 from metaservice.models.leases import Lease, LeaseSnapshot
 from metaservice.models.topology import DERIVED, SOURCE, Job, JobInput, Table
@@ -12,6 +12,8 @@ __all__ = [
     "ApiToken",
     "Base",
     "Batch",
+    "BatchInput",
+    "BatchPlan",
     "ClockState",
     "Commit",
     "Job",

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Boolean, ForeignKey, Index, Integer, UniqueConstraint
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    false,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from metaservice.models.base import Base
@@ -25,6 +35,14 @@ class Batch(Base):
 
     For a derived job, ``start_barrier`` is the barrier it starts after: the
     batch reads its inputs' snapshots with barriers in (start_barrier, barrier].
+
+    ``query_id`` is the Spark query (its checkpoint's identity) that ran the batch, so
+    that a reset checkpoint, whose batch ids start again at 0, is told apart from a
+    replay. ``abandoned``: an operator gave up a dead driver's open batch; its late
+    commit is refused. ``advanced``: no Spark batch at all, the MetaService moved an
+    idle derived job's frontier because none of its inputs changed (``batch_id`` is
+    then ``-barrier``, so it never meets a Spark batch id). ``outputs``: how many
+    outputs the job had when the batch was opened, the commits it needs to complete.
     """
 
     __tablename__ = "batches"
@@ -41,6 +59,45 @@ class Batch(Base):
     committed: Mapped[bool] = mapped_column(Boolean, default=False)
     created_ms: Mapped[int] = mapped_column(BigInteger)
     committed_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    query_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    abandoned: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    advanced: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    outputs: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class BatchPlan(Base):
+    """The end a derived job's batch starting after ``after`` is given: fixed once it is
+    ready, so that every barrier source of the job plans the same batch whatever
+    reports land in between (``barrier`` is None while no batch is ready).
+
+    ``asked`` lists the sources (input tables) that were told "not ready" in the
+    current round: the answer stays "not ready" until one of them asks again, i.e.
+    until Spark's next trigger, so the sources of one trigger never disagree.
+    """
+
+    __tablename__ = "batch_plans"
+
+    job_id: Mapped[int] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    after: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    barrier: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    asked: Mapped[str] = mapped_column(Text, default="", server_default="")
+    created_ms: Mapped[int] = mapped_column(BigInteger)
+
+
+class BatchInput(Base):
+    """An input table a derived batch read (the job's inputs when the batch was opened)."""
+
+    __tablename__ = "batch_inputs"
+
+    job_id: Mapped[int] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    batch_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    table_id: Mapped[int] = mapped_column(
+        ForeignKey("tables.id", ondelete="CASCADE"), primary_key=True
+    )
 
 
 class Commit(Base):

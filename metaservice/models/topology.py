@@ -45,7 +45,11 @@ class Job(Base):
 
 
 class Table(Base):
-    """An Iceberg table by its catalog identifier; at most one job writes it."""
+    """An Iceberg table by its catalog identifier; at most one job writes it.
+
+    ``expiry_horizon``: the barrier below which snapshots may have been expired (an
+    expiry was allowed up to the table's snapshot at it); no version or lease is
+    handed out on a snapshot older than that."""
 
     __tablename__ = "tables"
 
@@ -55,6 +59,7 @@ class Table(Base):
         ForeignKey("jobs.id", ondelete="SET NULL"), nullable=True, index=True
     )
     created_ms: Mapped[int] = mapped_column(BigInteger)
+    expiry_horizon: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class JobInput(Base):
