@@ -485,5 +485,31 @@ def expirable(
         console.print(f"  keep {s.snapshot_id} (barrier {s.barrier}): {'; '.join(s.reasons)}")
 
 
+batch_app = typer.Typer(help="Operate on a job's batches.", no_args_is_help=True)
+app.add_typer(batch_app, name="batch")
+
+
+@batch_app.command("abandon")
+def batch_abandon(
+    job: Annotated[str, typer.Argument(help="Job name")],
+    batch_id: Annotated[int, typer.Argument(help="The open batch a dead driver left behind")],
+    url: UrlOption = "http://127.0.0.1:8765",
+    token: TokenOption = None,
+) -> None:
+    """Give up a dead source driver's open batch (admin): its tables stop waiting for it.
+
+    A late commit report of the batch is refused; a restarted driver that replays it
+    gets a new barrier.
+    """
+    try:
+        with _client(url, token) as ms:
+            view = ms.abandon_batch(job, batch_id)
+    except MetaServiceError as exc:
+        raise _fail(str(exc)) from exc
+    console.print(
+        f"batch {view.batch_id} of job {view.job} (barrier {_time(view.barrier)}) abandoned"
+    )
+
+
 if __name__ == "__main__":
     app()

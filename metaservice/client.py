@@ -29,6 +29,7 @@ from metaservice.barriers.schemas import (
     CommitBatchResult,
     CommitReport,
     CommitResult,
+    InputRange,
     NextBarrier,
     OfflineGrant,
 )
@@ -209,14 +210,38 @@ class MetaServiceClient:
         )
 
     # -- barriers and commits -------------------------------------------
-    def batch_barrier(self, job: str, batch_id: int, *, claim: int | None = None) -> BatchBarrier:
+    def batch_barrier(
+        self,
+        job: str,
+        batch_id: int,
+        *,
+        claim: int | None = None,
+        start: int | None = None,
+        end: int | None = None,
+        query_id: str | None = None,
+    ) -> BatchBarrier:
         """The barrier of a Spark batch (the same answer when the batch is replayed).
 
         ``claim``: the barrier a source job gave the batch itself while offline.
+        ``start``/``end``: the offsets Spark planned for a derived batch (a batch the
+        MetaService did not plan is refused: ``batch_plan_mismatch``, ``empty_range``).
+        ``query_id``: the Spark query running the batch (``query_reset`` when the job's
+        batches came from another query).
         """
-        body = {"barrier": claim} if claim is not None else None
+        fields = {"barrier": claim, "start": start, "end": end, "query_id": query_id}
+        body = {k: v for k, v in fields.items() if v is not None} or None
         data = self._request("POST", f"/jobs/{job}/batches/{batch_id}/barrier", json=body)
         return BatchBarrier.model_validate(data)
+
+    def abandon_batch(self, job: str, batch_id: int) -> BatchBarrier:
+        """Give up a dead source driver's open batch (admin): its tables stop waiting for it."""
+        data = self._request("POST", f"/jobs/{job}/batches/{batch_id}/abandon")
+        return BatchBarrier.model_validate(data)
+
+    def input_ranges(self, job: str, *, after: int, to: int) -> list[InputRange]:
+        """What a derived batch (after, to] reads from each input, by the MetaService's mapping."""
+        data = self._request("GET", f"/jobs/{job}/ranges", params={"after": after, "to": to})
+        return [InputRange.model_validate(item) for item in data]
 
     def claim_barriers(self, job: str, claims: Iterable[tuple[int, int]]) -> list[BatchBarrier]:
         """Claim ``(batch_id, barrier)`` pairs a source job gave itself offline, in order,
@@ -233,8 +258,12 @@ class MetaServiceClient:
     def release_offline_grant(self, job: str) -> None:
         self._request("DELETE", f"/jobs/{job}/offline-grant")
 
-    def next_barrier(self, job: str) -> NextBarrier:
-        return self._get(NextBarrier, f"/jobs/{job}/next-barrier")
+    def next_barrier(
+        self, job: str, *, after: int | None = None, source: str | None = None
+    ) -> NextBarrier:
+        """The end of the job's batch that starts after ``after`` (default: its frontier);
+        ``source``: the input table whose barrier source asks."""
+        return self._get(NextBarrier, f"/jobs/{job}/next-barrier", after=after, source=source)
 
     def report_commit(
         self, job: str, batch_id: int, barrier: int, table: str, snapshot_id: int | None

@@ -1,19 +1,20 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Body, Depends, Path
+from fastapi import APIRouter, Body, Depends, Path, Query
 
 from metaservice.auth.schemas import Role
 from metaservice.barriers import offline, service
 from metaservice.barriers.schemas import (
     MAX_SIGNED_64,
-    BarrierClaim,
     BatchBarrier,
+    BatchRequest,
     ClaimBatch,
     ClaimBatchResult,
     CommitBatch,
     CommitBatchResult,
     CommitReport,
     CommitResult,
+    InputRange,
     NextBarrier,
     OfflineGrant,
     OfflineGrantRequest,
@@ -35,25 +36,34 @@ router = APIRouter(tags=["barriers"], dependencies=[require(Role.READER)])
 def batch_barrier(
     job: str,
     batch_id: int = Path(ge=0, le=MAX_SIGNED_64),
-    claim: BarrierClaim | None = Body(
+    request: BatchRequest | None = Body(
         None,
-        description="A source job holding an offline grant: the barrier it gave this "
-        "batch while the MetaService was unreachable",
+        description="What the caller knows of the batch: the offsets Spark planned "
+        "(derived jobs), the Spark query running it, or a barrier a source job holding "
+        "an offline grant gave it while the MetaService was unreachable",
     ),
     s: Services = Depends(services),
 ) -> BatchBarrier:
     """The barrier of a Spark batch; asking again for the same batch gives the same answer.
 
-    Source jobs get the current slot of the barrier clock. Derived jobs get their
-    aligned target and, per input, the snapshot range (from, to] the batch reads.
-    With a body, a source job claims the barrier it chose offline (409 when the
-    claim contradicts what is recorded).
+    Source jobs get the current slot of the barrier clock. Derived jobs get the end
+    the MetaService planned after the batch's start and, per input, the snapshot
+    range (from, to] the batch reads; with `start`/`end`, a batch Spark planned
+    otherwise is refused (409 `batch_plan_mismatch`, or `empty_range` for a batch
+    with nothing to read). With `query_id`, a batch of another Spark query than the
+    job's earlier batches is refused (409 `query_reset`). With `barrier`, a source
+    job claims the barrier it chose offline (409 when the claim contradicts what is
+    recorded).
     """
-    if claim is None:
-        result = s.db.write(lambda session: service.batch_barrier(session, s.ctx, job, batch_id))
-    else:
+    claimed = request.barrier if request is not None else None
+    if claimed is None:
         result = s.db.write(
-            lambda session: offline.claim(session, s.ctx, job, batch_id, claim.barrier)
+            lambda session: service.batch_barrier(session, s.ctx, job, batch_id, request)
+        )
+    else:
+        query_id = request.query_id if request is not None else None
+        result = s.db.write(
+            lambda session: offline.claim(session, s.ctx, job, batch_id, claimed, query_id)
         )
     BARRIERS.inc()
     return result
@@ -114,12 +124,64 @@ def release_offline_grant(job: str, s: Services = Depends(services)) -> None:
 @router.get(
     "/jobs/{job}/next-barrier",
     response_model=NextBarrier,
-    responses=error_responses(404, 409),
+    responses=error_responses(400, 404, 409),
     dependencies=[require(Role.WRITER)],
 )
-def next_barrier(job: str, s: Services = Depends(services)) -> NextBarrier:
-    """The aligned target a derived job's barrier sources report as their latest offset."""
-    return s.db.write(lambda session: service.next_barrier(session, s.ctx, job))
+def next_barrier(
+    job: str,
+    after: int | None = Query(
+        None,
+        ge=0,
+        le=MAX_SIGNED_64,
+        description="The batch's start offset (default: the job's frontier); the same "
+        "start always gets the same end once one is ready",
+    ),
+    source: str | None = Query(
+        None,
+        min_length=1,
+        max_length=400,
+        description="The input table of the barrier source asking; keeps a 'not ready' "
+        "answer until that source asks again, so the sources of one trigger agree",
+    ),
+    s: Services = Depends(services),
+) -> NextBarrier:
+    """The end of a derived job's batch that starts after `after`: the offset every
+    barrier source of the job reports as its latest."""
+    return s.db.write(lambda session: service.next_barrier(session, s.ctx, job, after, source))
+
+
+@router.get(
+    "/jobs/{job}/ranges",
+    response_model=list[InputRange],
+    responses=error_responses(400, 404, 409),
+)
+def input_ranges(
+    job: str,
+    after: int = Query(ge=0, le=MAX_SIGNED_64, description="Exclusive start barrier"),
+    to: int = Query(ge=0, le=MAX_SIGNED_64, description="Inclusive end barrier"),
+    s: Services = Depends(services),
+) -> list[InputRange]:
+    """What a derived batch (after, to] reads from each input: the snapshots at both
+    barriers by the MetaService's mapping (409 `not_final` while `to` is beyond an
+    input's frontier)."""
+    return s.db.read(lambda session: service.input_ranges(session, s.ctx, job, after, to))
+
+
+@router.post(
+    "/jobs/{job}/batches/{batch_id}/abandon",
+    response_model=BatchBarrier,
+    responses=error_responses(400, 404, 409),
+    dependencies=[require(Role.ADMIN)],
+)
+def abandon_batch(
+    job: str,
+    batch_id: int = Path(ge=0, le=MAX_SIGNED_64),
+    s: Services = Depends(services),
+) -> BatchBarrier:
+    """Give up a dead source driver's open batch (admin; idempotent): the job's tables
+    no longer wait for it, and its late commit reports are refused (409
+    `batch_abandoned`). A restarted driver replaying the batch gets a new barrier."""
+    return s.db.write(lambda session: service.abandon_batch(session, s.ctx, job, batch_id))
 
 
 @router.post(

@@ -79,7 +79,9 @@ def needs_seal(ctx: Context, jobs: Sequence[Job]) -> bool:
 
 
 def two_adic_valuation(n: int) -> int:
-    """How many times 2 divides n (n > 0)."""
+    """How many times 2 divides n (n != 0): the alignment of slot number n."""
+    if n == 0:
+        raise ValueError("0 is divisible by every power of two")
     return (n & -n).bit_length() - 1
 
 
@@ -87,31 +89,72 @@ def aligned_target(
     start: int,
     limit: int,
     interval: int,
-    window_slots: int,
     candidates: Sequence[int] | None = None,
 ) -> int | None:
-    """The barrier a derived job's next batch should end at, in (start, limit].
+    """The barrier a derived job's next batch ends at: in ``(start, limit]``, or None.
 
-    Catch-up batches end on the most aligned barrier available (the one whose
-    slot number is divisible by the highest power of two), looking no further
-    back than ``window_slots`` when it can. Jobs lagging by similar amounts thus
-    pick the same barriers, so coalescing batches still leaves tables with
-    common exact barriers (G2); a job that keeps up takes every slot.
-    ``candidates`` limits the choice to barriers where every input is exact
-    (None: every barrier on the grid qualifies).
+    **Rule.** A job's first batch (``start <= 0``: no frontier yet) takes everything
+    available: ``limit``, or the newest candidate. Every later batch ends on the most
+    aligned barrier available in ``(start, limit]``: the one whose slot number
+    (``barrier // interval``) is divisible by the highest power of two, the newest
+    among equals. ``candidates`` restricts "available" to the barriers where every
+    derived input is exact (those they all committed); None means every grid barrier
+    qualifies (source inputs are exact everywhere). There is no window: the whole of
+    ``(start, limit]`` counts, however far the job lags. A job that keeps up
+    (``limit`` one slot past ``start``) takes every slot. A job far behind may first
+    take a short batch onto a highly aligned barrier; from there each batch jumps by
+    the largest power of two that fits.
+
+    Below, barriers are slot numbers, a batch (a, b] spans b - a slots and P is a
+    power of two.
+
+    **Lemma.** If a batch (a, b] chosen by this rule has a < M <= b for a multiple M
+    of P available to it, and spans at most P slots, then b = M. Proof: M is
+    available in (a, b], inside (a, limit], so b is at least as aligned as M; both
+    are multiples of P, and (a, b] holds at most one multiple of P. So a batch that
+    passes over a multiple of P without ending on it spans more than P slots.
+
+    **Bound (G2).** Take a set S of derived jobs; let U be S with every derived job
+    upstream of a member, F the least frontier in S and M the largest multiple of P
+    with M <= F. If M lies past the first batch of every job in U and no job in U has
+    a batch of more than P slots ending after F - P, every job of S committed M: S's
+    consistent version is at least M, so it trails F by less than P slots. Proof, by
+    induction along U in topological order: a job of U reached M (members because
+    F >= M, upstream jobs because a reader never passes its inputs' frontiers), so
+    one of its batches (a, b], not its first, has a < M <= b. It ends at or after M,
+    after F - P, so it spans at most P slots. M was available to it: source inputs
+    are exact everywhere, and its derived inputs are jobs of U that, by induction,
+    had committed M when it planned (its limit, at least b >= M, is at most their
+    frontiers). By the lemma, b = M. Batches the MetaService advances for idle jobs
+    follow the same rule and count as batches.
+
+    In words: the consistent version of a set of jobs trails the least frontier by
+    less than the longest recent batch among the members and their derived upstream,
+    rounded up to a power of two slots (less than twice that batch). In steady state
+    (one slot per batch) P = 1 and the version is the least frontier.
+
+    No rule can bound it by the batches of the member with the least frontier alone:
+    if that member takes every slot while another member commits every 100 slots, the
+    newest common barrier is the other member's last one, up to 99 slots below the
+    least frontier.
     """
     if limit <= start:
         return None
-    low = max(start, limit - window_slots * interval)
     if candidates is None:
-        for power in range(62, -1, -1):
-            step = interval << power
-            target = limit - limit % step
-            if target > low:
-                return target
-        return None
-    in_window = [c for c in candidates if low < c <= limit]
-    pool = in_window or [c for c in candidates if start < c <= limit]
+        low, high = start // interval, limit // interval  # slots: target in (low, high]
+        if high <= low:
+            return None
+        if start <= 0:
+            return high * interval
+        # All slots in (low, high] share the bits above the highest bit where low and
+        # high differ (k); the slot with those bits, bit k set and nothing below is in
+        # the range and is the only one divisible by 2**k.
+        k = (low ^ high).bit_length() - 1
+        return (high >> k << k) * interval
+    pool = [c for c in candidates if start < c <= limit]
     if not pool:
         return None
+    if start <= 0:
+        return max(pool)
+    # (`or 1`: an off-grid candidate below one interval is aligned like slot 1, not an error)
     return max(pool, key=lambda c: (two_adic_valuation(c // interval or 1), c))

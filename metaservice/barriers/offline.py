@@ -28,17 +28,18 @@ from sqlalchemy.orm import Session
 
 from metaservice.barriers import repository as repo
 from metaservice.barriers.schemas import BatchBarrier, ClaimedBarrier, OfflineGrant
-from metaservice.barriers.service import batch_view, open_source_batch
+from metaservice.barriers.service import (
+    MAX_CLAIM_AHEAD_MS,
+    batch_view,
+    check_query,
+    open_source_batch,
+)
 from metaservice.context import Context
 from metaservice.errors import Conflict, Invalid, ServiceError
 from metaservice.models import SOURCE, Batch, Job
 from metaservice.topology import repository as topo
 
 log = logging.getLogger("metaservice.offline")
-
-# A claimed barrier may lie this far ahead of the service's clock (clock skew between
-# the job's machine and the service's, after the job's offset correction).
-MAX_CLAIM_AHEAD_MS = 60_000
 
 
 def _source_job(session: Session, job_name: str) -> Job:
@@ -78,11 +79,16 @@ def release(session: Session, ctx: Context, job_name: str) -> None:
 
 
 def claim(
-    session: Session, ctx: Context, job_name: str, batch_id: int, barrier: int
+    session: Session,
+    ctx: Context,
+    job_name: str,
+    batch_id: int,
+    barrier: int,
+    query_id: str | None = None,
 ) -> BatchBarrier:
     """Record the barrier a source job gave its batch while offline (idempotent)."""
     item = ClaimedBarrier(batch_id=batch_id, barrier=barrier)
-    return claim_many(session, ctx, job_name, [item], field_prefix="")[0]
+    return claim_many(session, ctx, job_name, [item], field_prefix="", query_id=query_id)[0]
 
 
 def claim_many(
@@ -92,6 +98,7 @@ def claim_many(
     claims: Sequence[ClaimedBarrier],
     *,
     field_prefix: str = "claims.",
+    query_id: str | None = None,
 ) -> list[BatchBarrier]:
     """Record claims of one job in order, all or nothing. The job is locked and its
     batches read once per request, so a backlog drains at many claims per query."""
@@ -101,7 +108,10 @@ def claim_many(
     batches = []
     for index, item in enumerate(claims):
         try:
+            check_query(session, job, item.batch_id, query_id, known.get(item.batch_id))
             batch = _claim_one(session, ctx, job, item, known.get(item.batch_id), newest)
+            if batch.query_id is None:
+                batch.query_id = query_id
         except ServiceError as exc:
             if field_prefix:
                 exc.field = f"{field_prefix}{index}.{exc.field or 'barrier'}"
@@ -151,7 +161,7 @@ def _claim_one(
         job.name, item.batch_id, item.barrier, batch.barrier,
     )  # fmt: skip
     batch.barrier = item.barrier
-    repo.raise_last_issued(session, item.barrier)
+    repo.raise_last_issued(session, min(item.barrier, ctx.now_slot()))
     return batch
 
 

@@ -5,21 +5,32 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from sqlalchemy import ColumnElement, case, func, select, update
+from sqlalchemy import ColumnElement, case, delete, func, select, update
 from sqlalchemy.orm import Session
 
-from metaservice.models import SOURCE, Batch, ClockState, Commit, Job, Table
+from metaservice.errors import NotFound
+from metaservice.models import SOURCE, Batch, BatchInput, BatchPlan, ClockState, Commit, Job, Table
+
+# A batch that still holds its job's progress: given a barrier, neither committed nor
+# abandoned by an operator.
+_OPEN = Batch.committed.is_(False) & Batch.abandoned.is_(False)
+# A batch Spark ran (the MetaService's own advances of idle jobs have negative ids).
+_SPARK = Batch.batch_id >= 0
 
 
 def lock_job(session: Session, job_id: int) -> Job:
     """The job row, locked for the rest of the transaction (PostgreSQL; SQLite's
-    BEGIN IMMEDIATE already serialises writers)."""
-    return session.execute(
+    BEGIN IMMEDIATE already serialises writers). A job deleted since the caller
+    looked it up is a 404, not a 500."""
+    job = session.execute(
         select(Job)
         .where(Job.id == job_id)
         .with_for_update()
         .execution_options(populate_existing=True)
-    ).scalar_one()
+    ).scalar_one_or_none()
+    if job is None:
+        raise NotFound("the job was deleted while this request ran", field="job")
+    return job
 
 
 def clock(session: Session) -> ClockState:
@@ -48,20 +59,97 @@ def batches_by_id(session: Session, job_id: int, batch_ids: Sequence[int]) -> di
 
 
 def newest_batch(session: Session, job_id: int) -> Batch | None:
-    """The job's batch with the largest id."""
+    """The job's Spark batch with the largest id."""
     return session.execute(
-        select(Batch).where(Batch.job_id == job_id).order_by(Batch.batch_id.desc()).limit(1)
+        select(Batch).where(Batch.job_id == job_id, _SPARK).order_by(Batch.batch_id.desc()).limit(1)
     ).scalar_one_or_none()
 
 
 def last_batch_id(session: Session, job_id: int) -> int | None:
-    return session.execute(select(func.max(Batch.batch_id)).where(Batch.job_id == job_id)).scalar()
+    return session.execute(
+        select(func.max(Batch.batch_id)).where(Batch.job_id == job_id, _SPARK)
+    ).scalar()
+
+
+def has_batches(session: Session, job_id: int) -> bool:
+    """Whether the job ever had a batch (Spark's, or an advance of the MetaService's)."""
+    return (
+        session.execute(select(Batch.id).where(Batch.job_id == job_id).limit(1)).first() is not None
+    )
 
 
 def open_batch(session: Session, job_id: int) -> Batch | None:
     return session.execute(
-        select(Batch).where(Batch.job_id == job_id, Batch.committed.is_(False)).limit(1)
+        select(Batch).where(Batch.job_id == job_id, _OPEN).limit(1)
     ).scalar_one_or_none()
+
+
+def get_plan(session: Session, job_id: int, after: int) -> BatchPlan | None:
+    return session.get(BatchPlan, (job_id, after))
+
+
+def plan_ending_at(
+    session: Session, job_id: int, barrier: int, after_at_least: int
+) -> BatchPlan | None:
+    """The plan of the job that ends at ``barrier`` and starts no earlier than given."""
+    return session.execute(
+        select(BatchPlan)
+        .where(
+            BatchPlan.job_id == job_id,
+            BatchPlan.barrier == barrier,
+            BatchPlan.after >= after_at_least,
+        )
+        .order_by(BatchPlan.after.desc())
+        .limit(1)
+    ).scalar_one_or_none()
+
+
+def drop_plans_upto(session: Session, job_id: int, after: int) -> None:
+    """Forget plans of batches that start at or before ``after`` (their batch exists)."""
+    session.execute(delete(BatchPlan).where(BatchPlan.job_id == job_id, BatchPlan.after <= after))
+
+
+def add_batch_inputs(
+    session: Session, job_id: int, batch_id: int, table_ids: Sequence[int]
+) -> None:
+    for table_id in table_ids:
+        session.add(BatchInput(job_id=job_id, batch_id=batch_id, table_id=table_id))
+
+
+def batch_input_tables(session: Session, job_id: int, batch_id: int) -> list[Table]:
+    """The inputs a derived batch was opened with, by name ([] for batches from before
+    they were recorded)."""
+    return list(
+        session.execute(
+            select(Table)
+            .join(BatchInput, BatchInput.table_id == Table.id)
+            .where(BatchInput.job_id == job_id, BatchInput.batch_id == batch_id)
+            .order_by(Table.name)
+        ).scalars()
+    )
+
+
+def inputs_changed(session: Session, table_ids: Sequence[int], after: int, upto: int) -> bool:
+    """Whether any of the tables got a snapshot with a barrier in (after, upto]."""
+    if not table_ids:
+        return False
+    return (
+        session.execute(
+            select(Commit.id)
+            .where(
+                Commit.table_id.in_(table_ids),
+                Commit.snapshot_id.is_not(None),
+                Commit.barrier > after,
+                Commit.barrier <= upto,
+            )
+            .limit(1)
+        ).first()
+        is not None
+    )
+
+
+def delete_batch_commits(session: Session, job_id: int, batch_id: int) -> None:
+    session.execute(delete(Commit).where(Commit.job_id == job_id, Commit.batch_id == batch_id))
 
 
 class SourceProgress(NamedTuple):
@@ -81,7 +169,7 @@ def source_progress(session: Session, job_ids: Sequence[int]) -> dict[int, Sourc
         return {}
     oldest_open = (
         select(func.min(Batch.barrier))
-        .where(Batch.job_id == Job.id, Batch.committed.is_(False))
+        .where(Batch.job_id == Job.id, _OPEN)
         .correlate(Job)
         .scalar_subquery()
     )

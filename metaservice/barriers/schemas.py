@@ -29,7 +29,7 @@ class BatchBarrier(BaseModel):
 class NextBarrier(BaseModel):
     job: str
     barrier: int = Field(description="The offset the job's barrier sources report as latest")
-    start_barrier: int = Field(description="The barrier the job has committed up to")
+    start_barrier: int = Field(description="The start the batch ending at `barrier` begins after")
     ready: bool = Field(description="True when there is a new batch to run up to `barrier`")
 
 
@@ -67,12 +67,30 @@ class CommitBatchResult(BaseModel):
     duplicates: int
 
 
-class BarrierClaim(BaseModel):
-    """The body of a barrier request that claims a barrier the job gave itself offline."""
+class BatchRequest(BaseModel):
+    """The optional body of a barrier request: what the caller knows about the batch.
+
+    A derived job's sink says which offsets Spark planned (``start``, ``end``), so the
+    MetaService refuses a batch that is not the one it planned; every sink says which
+    Spark query runs the batch (``query_id``), so a reset checkpoint is refused instead
+    of being taken for a replay. A source job holding an offline grant claims the
+    barrier it gave the batch while the MetaService was unreachable (``barrier``).
+    """
 
     model_config = ConfigDict(extra="forbid")
 
-    barrier: int = Field(ge=0, le=MAX_SIGNED_64, description="On the barrier grid, >= the floor")
+    barrier: int | None = Field(
+        None, ge=0, le=MAX_SIGNED_64, description="Offline claim: on the grid, >= the floor"
+    )
+    start: int | None = Field(
+        None, ge=0, le=MAX_SIGNED_64, description="Derived jobs: the start offset Spark planned"
+    )
+    end: int | None = Field(
+        None, ge=0, le=MAX_SIGNED_64, description="Derived jobs: the end offset Spark planned"
+    )
+    query_id: str | None = Field(
+        None, min_length=1, max_length=64, description="The Spark query (checkpoint) identity"
+    )
 
 
 class ClaimedBarrier(BaseModel):

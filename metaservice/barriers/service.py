@@ -7,6 +7,7 @@ and replicas.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from sqlalchemy.orm import Session
@@ -15,6 +16,7 @@ from metaservice.barriers import frontiers as fr
 from metaservice.barriers import repository as repo
 from metaservice.barriers.schemas import (
     BatchBarrier,
+    BatchRequest,
     CommitBatchResult,
     CommitReport,
     CommitResult,
@@ -22,22 +24,41 @@ from metaservice.barriers.schemas import (
     NextBarrier,
 )
 from metaservice.context import Context
-from metaservice.errors import Conflict, Invalid
-from metaservice.models import DERIVED, SOURCE, Batch, Commit, Job, Table
+from metaservice.errors import Conflict, Invalid, NotFound
+from metaservice.models import DERIVED, SOURCE, Batch, BatchPlan, Commit, Job, Table
 from metaservice.topology import repository as topo
 
+log = logging.getLogger("metaservice.barriers")
 
-def batch_barrier(session: Session, ctx: Context, job_name: str, batch_id: int) -> BatchBarrier:
+
+# A claimed or reported barrier may lie this far ahead of the service's clock (clock
+# skew between a job's machine and the service's, after the job's offset correction).
+MAX_CLAIM_AHEAD_MS = 60_000
+
+
+def batch_barrier(
+    session: Session,
+    ctx: Context,
+    job_name: str,
+    batch_id: int,
+    request: BatchRequest | None = None,
+) -> BatchBarrier:
     """The barrier of a batch; the same answer for a replayed batch."""
+    request = request or BatchRequest()
     job = repo.lock_job(session, topo.require_job(session, job_name).id)
     batch = repo.get_batch(session, job.id, batch_id)
+    check_query(session, job, batch_id, request.query_id, batch)
     if batch is None:
         check_batch_order(session, job, batch_id)
-        batch = (
-            _new_source_batch(session, ctx, job, batch_id)
-            if job.kind == SOURCE
-            else (_new_derived_batch(session, ctx, job, batch_id))
-        )
+        if job.kind == SOURCE:
+            batch = _new_source_batch(session, ctx, job, batch_id)
+        else:
+            batch = _new_derived_batch(session, ctx, job, batch_id, request)
+        batch.query_id = request.query_id
+    elif batch.abandoned:
+        _reopen_abandoned(session, ctx, job, batch)
+    elif job.kind == DERIVED:
+        _check_planned(job, batch, request)
     job.last_seen_ms = ctx.now_ms()
     return batch_view(session, job, batch)
 
@@ -53,21 +74,59 @@ def check_batch_order(session: Session, job: Job, batch_id: int) -> None:
         )
 
 
+def check_query(
+    session: Session, job: Job, batch_id: int, query_id: str | None, batch: Batch | None
+) -> None:
+    """Refuse a batch of another Spark query than the one the job's batches came from.
+
+    Spark numbers batches per checkpoint: a reset checkpoint or a query re-created
+    under the job's name starts again at 0, and its batches must not be taken for
+    replays of the old ones (skipped as committed, or stamped with old barriers).
+    """
+    if query_id is None:
+        return
+    known = batch if batch is not None else repo.newest_batch(session, job.id)
+    if known is None or known.query_id is None or known.query_id == query_id:
+        return
+    raise Conflict(
+        f"job '{job.name}' ran batches up to {known.batch_id} in Spark query {known.query_id}, "
+        f"but batch {batch_id} comes from query {query_id}: its checkpoint was reset, or a "
+        f"new query was started under the job's name. Restart it from its old checkpoint, "
+        f"or run the new query as a new job (a new name, writing new tables), or delete the "
+        f"job (DELETE /api/v1/jobs/{job.name}) to start its history again",
+        field="query_id",
+        code="query_reset",
+    )
+
+
 def _new_source_batch(session: Session, ctx: Context, job: Job, batch_id: int) -> Batch:
+    return open_source_batch(session, ctx, job, batch_id, _next_source_barrier(session, ctx, job))
+
+
+def _next_source_barrier(session: Session, ctx: Context, job: Job) -> int:
+    # Never below the last issued barrier (clock stepped back after a restart), never
+    # at or below a sealed frontier (a reader already took that slot as complete) and
+    # never below the job's own newest batch (which an offline claim may have put
+    # ahead of the service's clock: only this job's barriers follow it).
+    newest = repo.newest_batch(session, job.id)
+    own = newest.barrier if newest is not None else 0
     state = repo.clock(session)
-    # Never below the last issued barrier (clock stepped back after a restart) and
-    # never at or below a sealed frontier (a reader already took that slot as complete).
-    barrier = max(ctx.now_slot(), state.last_issued, job.frontier + ctx.interval)
-    return open_source_batch(session, ctx, job, batch_id, barrier)
+    return max(ctx.now_slot(), state.last_issued, job.frontier + ctx.interval, own)
 
 
 def open_source_batch(
     session: Session, ctx: Context, job: Job, batch_id: int, barrier: int
 ) -> Batch:
     """A new open batch of a source job at ``barrier`` (it holds the job's frontier below it)."""
-    repo.raise_last_issued(session, barrier)
+    # A claim ahead of the service's clock moves no other job's barriers.
+    repo.raise_last_issued(session, min(barrier, ctx.now_slot()))
     batch = Batch(
-        job_id=job.id, batch_id=batch_id, barrier=barrier, committed=False, created_ms=ctx.now_ms()
+        job_id=job.id,
+        batch_id=batch_id,
+        barrier=barrier,
+        committed=False,
+        created_ms=ctx.now_ms(),
+        outputs=topo.count_outputs(session, job.id),
     )
     session.add(batch)
     job.open_batches += 1
@@ -75,38 +134,195 @@ def open_source_batch(
     return batch
 
 
-def _new_derived_batch(session: Session, ctx: Context, job: Job, batch_id: int) -> Batch:
-    still_open = repo.open_batch(session, job.id)
-    if still_open is not None:
+def _reopen_abandoned(session: Session, ctx: Context, job: Job, batch: Batch) -> None:
+    """A source driver replays a batch an operator abandoned: it gets a new barrier, past
+    every slot readers took as complete meanwhile, and holds the frontier again."""
+    if job.kind != SOURCE:
         raise Conflict(
-            f"batch {still_open.batch_id} of job '{job.name}' (barrier {still_open.barrier}) "
-            f"is not committed yet; report its commit before starting batch {batch_id}",
+            f"batch {batch.batch_id} of job '{job.name}' was abandoned",
             field="batch_id",
-            code="batch_still_open",
+            code="batch_abandoned",
         )
-    target = job.pending_target or _choose_target(session, ctx, job)
-    if target is None:
+    barrier = _next_source_barrier(session, ctx, job)
+    log.info(
+        "job %s batch %d was abandoned at barrier %d; replayed at %d",
+        job.name, batch.batch_id, batch.barrier, barrier,
+    )  # fmt: skip
+    repo.raise_last_issued(session, barrier)
+    batch.barrier = barrier
+    batch.abandoned = False
+    batch.outputs = topo.count_outputs(session, job.id)
+    job.open_batches += 1
+    session.flush()
+
+
+def abandon_batch(session: Session, ctx: Context, job_name: str, batch_id: int) -> BatchBarrier:
+    """An operator gives up a dead source driver's open batch (idempotent).
+
+    The job's frontier no longer waits for it; what the batch reported for some of
+    its outputs is forgotten (no version ever named it: the frontier stayed below
+    it), and its late commit reports are refused. A replay of the batch by a
+    restarted driver gets a new barrier.
+    """
+    job = repo.lock_job(session, topo.require_job(session, job_name).id)
+    batch = repo.get_batch(session, job.id, batch_id)
+    if batch is None:
+        raise NotFound(
+            f"job '{job.name}' has no batch {batch_id}", field="batch_id", code="unknown_batch"
+        )
+    if job.kind != SOURCE:
         raise Conflict(
-            f"no new barrier for job '{job.name}': its inputs have not advanced past "
-            f"barrier {job.frontier}",
-            code="no_barrier_ready",
+            f"job '{job.name}' is a derived job: an open batch of it holds back only its own "
+            "outputs, and its replay reads the same inputs again. Restart the job, or delete "
+            f"it (DELETE /api/v1/jobs/{job.name}) if it will never run again",
+            field="job",
+            code="not_source",
         )
-    job.pending_target = target
+    if batch.committed:
+        raise Conflict(
+            f"batch {batch_id} of job '{job.name}' is committed; only an open batch can be "
+            "abandoned",
+            field="batch_id",
+            code="batch_committed",
+        )
+    if not batch.abandoned:
+        batch.abandoned = True
+        repo.delete_batch_commits(session, job.id, batch_id)
+        job.open_batches -= 1
+        if job.open_batches == 0:
+            job.frontier = max(job.frontier, fr.sealable_slot(ctx, job))
+        log.warning("job %s batch %d (barrier %d) abandoned", job.name, batch_id, batch.barrier)
+    session.flush()
+    return batch_view(session, job, batch)
+
+
+def _derived_start(session: Session, job: Job) -> int:
+    """Where a derived job's next batch starts: the end of its newest batch when that
+    batch's report is still on its way (committed to Iceberg, reported from the
+    outbox), else the job's frontier."""
+    newest = repo.newest_batch(session, job.id)
+    if newest is not None and not newest.committed:
+        return max(job.frontier, newest.barrier)
+    return job.frontier
+
+
+def _new_derived_batch(
+    session: Session, ctx: Context, job: Job, batch_id: int, request: BatchRequest
+) -> Batch:
+    newest = repo.newest_batch(session, job.id)
+    if request.end is None:
+        # A caller that does not say what it planned gets the plan after the frontier.
+        still_open = repo.open_batch(session, job.id)
+        if still_open is not None:
+            raise Conflict(
+                f"batch {still_open.batch_id} of job '{job.name}' (barrier "
+                f"{still_open.barrier}) is not committed yet; report its commit before "
+                f"starting batch {batch_id}",
+                field="batch_id",
+                code="batch_still_open",
+            )
+        plan = _plan(session, ctx, job, job.frontier, source=None)
+        if plan.barrier is None:
+            raise Conflict(
+                f"no new barrier for job '{job.name}': its inputs have not advanced past "
+                f"barrier {job.frontier}",
+                code="no_barrier_ready",
+            )
+    else:
+        plan = _planned(session, job, batch_id, request, newest)
+    assert plan.barrier is not None
     batch = Batch(
         job_id=job.id,
         batch_id=batch_id,
-        barrier=target,
-        start_barrier=job.frontier,
+        barrier=plan.barrier,
+        start_barrier=plan.after,
         committed=False,
         created_ms=ctx.now_ms(),
+        outputs=topo.count_outputs(session, job.id),
     )
     session.add(batch)
+    repo.add_batch_inputs(
+        session, job.id, batch_id, [t.id for t in topo.input_tables(session, job.id)]
+    )
     session.flush()
     return batch
 
 
-def next_barrier(session: Session, ctx: Context, job_name: str) -> NextBarrier:
-    """The aligned target every barrier source of a derived job reports as its latest offset."""
+def _planned(
+    session: Session, job: Job, batch_id: int, request: BatchRequest, newest: Batch | None
+) -> BatchPlan:
+    """The plan of the batch Spark says it planned, (start, end]; 409 when it is not one
+    the MetaService handed out."""
+    end = request.end
+    assert end is not None
+    start = _derived_start(session, job)
+    if (request.start is not None and request.start == end) or (
+        request.start is None and end == start
+    ):
+        raise Conflict(
+            f"batch {batch_id} of job '{job.name}' ends where it starts ({end}): nothing to "
+            "run, skip it",
+            field="end",
+            code="empty_range",
+        )
+    if newest is not None and not newest.committed and newest.barrier != (request.start or start):
+        raise Conflict(
+            f"batch {newest.batch_id} of job '{job.name}' (barrier {newest.barrier}) is not "
+            f"committed yet and batch {batch_id} does not start where it ends",
+            field="batch_id",
+            code="batch_still_open",
+        )
+    # A batch never starts before the end of the job's newest batch.
+    earliest = newest.barrier if newest is not None else 0
+    if request.start is not None:
+        plan = repo.get_plan(session, job.id, request.start)
+        ok = plan is not None and plan.barrier == end and request.start >= earliest
+    else:
+        plan = repo.plan_ending_at(session, job.id, end, earliest)
+        ok = plan is not None
+    if not ok or plan is None:
+        raise Conflict(
+            f"Spark planned batch {batch_id} of job '{job.name}' as ({request.start}, {end}], "
+            f"but the MetaService handed out no such batch (the job's batches start at "
+            f"{start}). Its barrier sources disagree with the MetaService: was the "
+            f"checkpoint restored from an older copy, or does another query run the job?",
+            field="end",
+            code="batch_plan_mismatch",
+        )
+    return plan
+
+
+def _check_planned(job: Job, batch: Batch, request: BatchRequest) -> None:
+    """A replayed derived batch must be the batch the MetaService recorded."""
+    if request.end is None:
+        return
+    if batch.barrier != request.end or (
+        request.start is not None and batch.start_barrier != request.start
+    ):
+        raise Conflict(
+            f"batch {batch.batch_id} of job '{job.name}' is recorded as "
+            f"({batch.start_barrier}, {batch.barrier}], but Spark planned it as "
+            f"({request.start}, {request.end}]",
+            field="end",
+            code="batch_plan_mismatch",
+        )
+
+
+def next_barrier(
+    session: Session,
+    ctx: Context,
+    job_name: str,
+    after: int | None = None,
+    source: str | None = None,
+) -> NextBarrier:
+    """The end of the derived batch that starts after ``after`` (default: the job's
+    frontier), which every barrier source of the job reports as its latest offset.
+
+    Once ready, the same start always gets the same end, whatever reports land in
+    between. "Not ready" is kept for the rest of the round: until a ``source`` that
+    was told so asks again (Spark's next trigger), so the barrier sources of one
+    trigger never disagree.
+    """
     job = repo.lock_job(session, topo.require_job(session, job_name).id)
     if job.kind != DERIVED:
         raise Invalid(
@@ -116,47 +332,180 @@ def next_barrier(session: Session, ctx: Context, job_name: str) -> NextBarrier:
             code="not_derived",
         )
     job.last_seen_ms = ctx.now_ms()
-    if job.pending_target is None:
-        job.pending_target = _choose_target(session, ctx, job)
-    target = job.pending_target
+    start = job.frontier if after is None else after
+    if after is not None:
+        _check_start(session, job, after)
+    plan = _plan(session, ctx, job, start, source)
+    target = plan.barrier
     return NextBarrier(
         job=job.name,
-        barrier=target if target is not None else job.frontier,
-        start_barrier=job.frontier,
-        ready=target is not None,
+        barrier=target if target is not None else start,
+        start_barrier=start,
+        ready=target is not None and target > start,
     )
 
 
-def _choose_target(session: Session, ctx: Context, job: Job) -> int | None:
+def _check_start(session: Session, job: Job, after: int) -> None:
+    if repo.get_plan(session, job.id, after) is not None:
+        return
+    newest = repo.newest_batch(session, job.id)
+    known = max(job.frontier, newest.barrier if newest is not None else 0)
+    earliest = newest.barrier if newest is not None else 0
+    if after > known or after < earliest:
+        raise Conflict(
+            f"job '{job.name}' has no batch ending at {after}: its batches end at {earliest} "
+            f"and its frontier is {job.frontier}. Was its Spark checkpoint restored from an "
+            "older copy, or does another query run the job?",
+            field="after",
+            code="unknown_start",
+        )
+
+
+def _plan(session: Session, ctx: Context, job: Job, after: int, source: str | None) -> BatchPlan:
+    """The job's plan for the batch after ``after``: fixed once ready (see next_barrier)."""
+    plan = repo.get_plan(session, job.id, after)
+    if plan is not None and plan.barrier is not None:
+        return plan
+    asked = set(plan.asked.split("\n")) - {""} if plan is not None else set()
+    if plan is not None and source is not None and source not in asked:
+        plan.asked = "\n".join(sorted(asked | {source}))
+        return plan  # the same round: still not ready
+    # Spark behind the frontier of an idle job the MetaService advanced reads the
+    # (empty) rest of the way up to it.
+    base = max(after, job.frontier)
+    target = _choose_target(session, ctx, job, base)
+    if target is None and base > after:
+        target = base
+    if plan is None:
+        plan = BatchPlan(job_id=job.id, after=after, created_ms=ctx.now_ms())
+        session.add(plan)
+    plan.barrier = target
+    plan.asked = source or ""
+    if after == job.frontier:
+        job.pending_target = target
+    session.flush()
+    return plan
+
+
+def _choose_target(session: Session, ctx: Context, job: Job, start: int) -> int | None:
     inputs = topo.input_tables(session, job.id)
     if any(t.writer_id is None for t in inputs):
         return None  # an input nobody writes has no frontier yet
     writers = list(topo.jobs_by_ids(session, [t.writer_id for t in inputs if t.writer_id]).values())
     fr.seal_sources(session, ctx, writers)
-    limit = min(fr.frontiers(session, ctx, writers).values())
     derived = [w for w in writers if w.kind == DERIVED]
+    for writer in derived:
+        advance_idle(session, ctx, writer)
+    limit = min(fr.frontiers(session, ctx, writers).values())
     candidates = None
     if derived:
-        sets = [set(repo.committed_barriers(session, w.id, job.frontier, limit)) for w in derived]
+        sets = [set(repo.committed_barriers(session, w.id, start, limit)) for w in derived]
         candidates = sorted(set.intersection(*sets))
-    # A job's first batch takes everything available; later catch-up batches align.
-    window = 1 if job.frontier == 0 else ctx.settings.catchup_window_slots
-    return fr.aligned_target(job.frontier, limit, ctx.interval, window, candidates)
+    return fr.aligned_target(start, limit, ctx.interval, candidates)
+
+
+def advance_idle(session: Session, ctx: Context, job: Job) -> bool:
+    """Advance an idle derived job: when none of its inputs changed between its frontier
+    and its next target, its outputs are already exact there (G2: an idle job never
+    holds readers back). Recorded as a committed batch of the MetaService's own.
+
+    Not while a batch is open or planned (Spark may be running it). Locks the job;
+    its upstream derived jobs are advanced first, through ``_choose_target``.
+    """
+    if job.kind != DERIVED:
+        return False
+    job = repo.lock_job(session, job.id)
+    if repo.open_batch(session, job.id) is not None:
+        return False
+    plan = repo.get_plan(session, job.id, job.frontier)
+    if plan is not None and plan.barrier is not None:
+        return False
+    target = _choose_target(session, ctx, job, job.frontier)
+    if target is None:
+        return False
+    inputs = [t.id for t in topo.input_tables(session, job.id)]
+    if not inputs or repo.inputs_changed(session, inputs, job.frontier, target):
+        return False
+    session.add(
+        Batch(
+            job_id=job.id,
+            batch_id=-target,
+            barrier=target,
+            start_barrier=job.frontier,
+            committed=True,
+            advanced=True,
+            created_ms=ctx.now_ms(),
+            committed_ms=ctx.now_ms(),
+        )
+    )
+    job.frontier = target
+    job.pending_target = None
+    session.flush()
+    return True
+
+
+def could_advance(session: Session, ctx: Context, jobs: Sequence[Job]) -> bool:
+    """Whether :func:`advance_idle` might move one of these jobs or their upstream (a read:
+    decides whether a consistent-version read takes the write step first)."""
+    seen: set[int] = set()
+
+    def behind(job: Job) -> bool:
+        if job.kind != DERIVED or job.id in seen:
+            return False
+        seen.add(job.id)
+        if repo.open_batch(session, job.id) is not None:
+            return False
+        inputs = topo.input_tables(session, job.id)
+        writers = topo.jobs_by_ids(session, [t.writer_id for t in inputs if t.writer_id])
+        if not inputs or len(writers) < len({t.writer_id for t in inputs}):
+            return False
+        fronts = fr.frontiers(session, ctx, list(writers.values()), sealed_only=False)
+        return min(fronts.values()) > job.frontier or any(map(behind, writers.values()))
+
+    return any(map(behind, jobs))
+
+
+def input_ranges(
+    session: Session, ctx: Context, job_name: str, after: int, to: int
+) -> list[InputRange]:
+    """What a derived batch (after, to] reads from each input, by the MetaService's own
+    barrier-to-snapshot mapping; 409 while ``to`` is beyond an input's frontier."""
+    job = topo.require_job(session, job_name)
+    if to < after:
+        raise Invalid(f"to ({to}) is before after ({after})", field="to")
+    inputs = topo.input_tables(session, job.id)
+    writers = topo.jobs_by_ids(session, [t.writer_id for t in inputs if t.writer_id])
+    fronts = fr.frontiers(session, ctx, list(writers.values()))
+    for table in inputs:
+        if table.writer_id is None or fronts[table.writer_id] < to:
+            raise Conflict(
+                f"input '{table.name}' of job '{job.name}' is not final at barrier {to} yet",
+                field="to",
+                code="not_final",
+            )
+    return _ranges(session, inputs, after, to)
+
+
+def _ranges(session: Session, inputs: Sequence[Table], after: int, to: int) -> list[InputRange]:
+    return [
+        InputRange(
+            table=table.name,
+            from_barrier=after,
+            to_barrier=to,
+            from_snapshot=repo.snapshot_at(session, table.id, after),
+            to_snapshot=repo.snapshot_at(session, table.id, to),
+        )
+        for table in inputs
+    ]
 
 
 def batch_view(session: Session, job: Job, batch: Batch) -> BatchBarrier:
     ranges: list[InputRange] = []
     if batch.start_barrier is not None:
-        for table in topo.input_tables(session, job.id):
-            ranges.append(
-                InputRange(
-                    table=table.name,
-                    from_barrier=batch.start_barrier,
-                    to_barrier=batch.barrier,
-                    from_snapshot=repo.snapshot_at(session, table.id, batch.start_barrier),
-                    to_snapshot=repo.snapshot_at(session, table.id, batch.barrier),
-                )
-            )
+        inputs = repo.batch_input_tables(session, job.id, batch.batch_id) or topo.input_tables(
+            session, job.id
+        )
+        ranges = _ranges(session, inputs, batch.start_barrier, batch.barrier)
     return BatchBarrier(
         job=job.name,
         batch_id=batch.batch_id,
@@ -223,19 +572,27 @@ def _record(
             field=f"{prefix}table",
             code="not_writer",
         )
-    if report.barrier > newest:
+    batch = repo.get_batch(session, job.id, report.batch_id)
+    # A source job's own offline claim may lie ahead of the service's clock.
+    if report.barrier > max(newest, batch.barrier if batch is not None else 0):
         raise Invalid(
             f"barrier {report.barrier} is in the future: the barrier clock is at {newest}",
             field=f"{prefix}barrier",
             code="barrier_from_future",
         )
-    batch = repo.get_batch(session, job.id, report.batch_id)
     if batch is None:
         raise Conflict(
             f"batch {report.batch_id} of job '{job.name}' was never given a barrier; "
             f"ask POST /api/v1/jobs/{job.name}/batches/{report.batch_id}/barrier first",
             field=f"{prefix}batch_id",
             code="unknown_batch",
+        )
+    if batch.abandoned:
+        raise Conflict(
+            f"batch {report.batch_id} of job '{job.name}' was abandoned by an operator; "
+            "its commit is not recorded",
+            field=f"{prefix}batch_id",
+            code="batch_abandoned",
         )
     if batch.barrier != report.barrier:
         raise Conflict(
@@ -275,13 +632,14 @@ def _record(
     )
     session.flush()
     # A batch completes once; a job that gained an output later must not count it twice.
-    complete = repo.count_batch_commits(session, job.id, report.batch_id) >= scope.outputs[job.id]
+    needed = batch.outputs if batch.outputs is not None else scope.outputs[job.id]
+    complete = repo.count_batch_commits(session, job.id, report.batch_id) >= needed
     if complete and not batch.committed:
-        complete_batch(ctx, job, batch)
+        complete_batch(session, ctx, job, batch)
     return _result(report, "recorded", batch.committed)
 
 
-def complete_batch(ctx: Context, job: Job, batch: Batch) -> None:
+def complete_batch(session: Session, ctx: Context, job: Job, batch: Batch) -> None:
     """Mark a batch committed once every output is recorded and move the job's progress
     (also used by reconciliation, so both paths complete a batch the same way)."""
     batch.committed = True
@@ -298,6 +656,8 @@ def complete_batch(ctx: Context, job: Job, batch: Batch) -> None:
         job.frontier = max(job.frontier, batch.barrier)
         if job.pending_target is not None and job.pending_target <= batch.barrier:
             job.pending_target = None
+        if batch.start_barrier is not None:
+            repo.drop_plans_upto(session, job.id, batch.start_barrier)
 
 
 def _result(report: CommitReport, status: str, committed: bool) -> CommitResult:

@@ -285,7 +285,7 @@ class _Reconciliation:
         if not batch.committed and (
             repo.count_batch_commits(self.session, job.id, batch.batch_id) >= outputs
         ):
-            complete_batch(self.ctx, job, batch)
+            complete_batch(self.session, self.ctx, job, batch)
 
     def _close_empty(self, job: Job, outputs: list[Table], batch: Batch) -> None:
         """A later batch of the job is committed, so this one finished: where it left no
@@ -294,7 +294,7 @@ class _Reconciliation:
             if (job.id, batch.batch_id) not in self._index(table).by_batch:
                 self._record(job, table, batch, None)
                 self.reports[table.name].closed_empty.append(_recorded(job, batch, None))
-        complete_batch(self.ctx, job, batch)
+        complete_batch(self.session, self.ctx, job, batch)
 
     def _record(self, job: Job, table: Table, batch: Batch, snapshot_id: int | None) -> None:
         self.session.add(

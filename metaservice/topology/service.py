@@ -35,15 +35,13 @@ def put_job(session: Session, ctx: Context, name: str, spec: JobSpec) -> tuple[J
     existing = repo.job_by_name(session, name)
     if existing is not None:
         barrier_repo.lock_job(session, existing.id)
+        _check_identity(session, existing, inputs, outputs)
     repo.bump_topology_version(session)  # serialises topology changes from here on
     _check_writers(session, name, outputs)
     _check_acyclic(session, ctx, name, inputs, outputs)
     job = existing or _create_job(session, ctx, name)
     job.description = spec.description
-    new_kind = DERIVED if inputs else SOURCE
-    if job.kind != new_kind:
-        job.kind = new_kind
-        job.pending_target = None
+    job.kind = DERIVED if inputs else SOURCE  # unchanged for a job that has run
     job.updated_ms = ctx.now_ms()
     _set_edges(session, ctx, job, inputs, outputs)
     session.flush()
@@ -68,6 +66,45 @@ def delete_job(session: Session, ctx: Context, name: str) -> None:
                 code="has_readers",
             )
     repo.delete_job(session, job.id)
+
+
+def _check_identity(session: Session, job: Job, inputs: list[str], outputs: list[str]) -> None:
+    """Job changes (DESIGN.md): once a job has run, its kind and inputs are what its
+    outputs mean, so they cannot change in place; an output can be added, and removed
+    only while no batch is open (the batch would wait for it for good)."""
+    current_inputs, current_outputs = (
+        edges.get(job.id, []) for edges in repo.edges_of_jobs(session, [job.id])
+    )
+    kind = DERIVED if inputs else SOURCE
+    if (kind != job.kind or set(inputs) != set(current_inputs)) and barrier_repo.has_batches(
+        session, job.id
+    ):
+        change = (
+            f"from a {job.kind} job to a {kind} job"
+            if kind != job.kind
+            else f"inputs from {sorted(current_inputs)} to {sorted(inputs)}"
+        )
+        raise Conflict(
+            f"job '{job.name}' has run, so its kind and inputs are fixed; it cannot change "
+            f"{change}. Run the new logic as a new job (a new name, writing new tables), "
+            f"revise its tables from a barrier, or delete the job (DELETE "
+            f"/api/v1/jobs/{job.name}, which forgets its barrier history) and register it "
+            "again. Nothing was changed",
+            field="inputs",
+            code="job_identity_changed",
+        )
+    removed = sorted(set(current_outputs) - set(outputs))
+    still_open = barrier_repo.open_batch(session, job.id) if removed else None
+    if still_open is not None:
+        raise Conflict(
+            f"job '{job.name}' cannot stop writing {removed} while its batch "
+            f"{still_open.batch_id} (barrier {still_open.barrier}) is open: the batch would "
+            "wait for those outputs for good. Let it commit (or abandon it: POST "
+            f"/api/v1/jobs/{job.name}/batches/{still_open.batch_id}/abandon), then retry. "
+            "Nothing was changed",
+            field="outputs",
+            code="batch_open",
+        )
 
 
 def _unique_tables(names: list[str], field: str) -> list[str]:

@@ -61,6 +61,8 @@ NEEDS: dict[tuple[str, str], Role] = {
     ("POST", "/api/v1/jobs/{job}/events"): Role.WRITER,
     ("POST", "/api/v1/jobs/{job}/batches/{batch_id}/barrier"): Role.WRITER,
     ("GET", "/api/v1/jobs/{job}/next-barrier"): Role.WRITER,  # fixes the job's next target
+    ("GET", "/api/v1/jobs/{job}/ranges"): Role.READER,
+    ("POST", "/api/v1/jobs/{job}/batches/{batch_id}/abandon"): Role.ADMIN,
     ("POST", "/api/v1/jobs/{job}/claims"): Role.WRITER,
     ("PUT", "/api/v1/jobs/{job}/offline-grant"): Role.WRITER,
     ("DELETE", "/api/v1/jobs/{job}/offline-grant"): Role.WRITER,
