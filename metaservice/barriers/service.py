@@ -265,7 +265,8 @@ def _planned(
             field="end",
             code="empty_range",
         )
-    if newest is not None and not newest.committed and newest.barrier != (request.start or start):
+    planned_start = start if request.start is None else request.start
+    if newest is not None and not newest.committed and newest.barrier != planned_start:
         raise Conflict(
             f"batch {newest.batch_id} of job '{job.name}' (barrier {newest.barrier}) is not "
             f"committed yet and batch {batch_id} does not start where it ends",

@@ -9,7 +9,16 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from metaservice.errors import NotFound
-from metaservice.models import Batch, ClockState, Commit, Job, JobInput, Table
+from metaservice.models import (
+    Batch,
+    BatchInput,
+    BatchPlan,
+    ClockState,
+    Commit,
+    Job,
+    JobInput,
+    Table,
+)
 
 
 def storable(name: str) -> bool:
@@ -144,11 +153,14 @@ def bump_topology_version(session: Session) -> None:
 
 
 def delete_job(session: Session, job_id: int) -> None:
-    """The job's row, its input edges and its barrier history (batches and commit reports).
+    """The job's row, its input edges and its barrier history (batches, their plans and
+    inputs, and commit reports).
 
     Spelled out rather than left to ON DELETE CASCADE, so it does not depend on
     SQLite's foreign_keys pragma."""
     session.execute(delete(JobInput).where(JobInput.job_id == job_id))
+    session.execute(delete(BatchPlan).where(BatchPlan.job_id == job_id))
+    session.execute(delete(BatchInput).where(BatchInput.job_id == job_id))
     session.execute(delete(Commit).where(Commit.job_id == job_id))
     session.execute(delete(Batch).where(Batch.job_id == job_id))
     session.execute(update(Table).where(Table.writer_id == job_id).values(writer_id=None))

@@ -330,8 +330,23 @@ def test_a_derived_batch_records_the_inputs_it_read(client, clock, db_url):
     run_batch(client, "sa", 0, {"ods.a": 1})
     clock.advance(2 * SLOT)
     barrier(client, "d", 0)
-    engine = sa.create_engine(db_url.replace("postgresql+psycopg", "postgresql+psycopg"))
+    engine = sa.create_engine(db_url)
     with engine.connect() as conn:
         rows = conn.execute(sa.text("SELECT job_id, batch_id, table_id FROM batch_inputs")).all()
     engine.dispose()
     assert len(rows) == 1 and rows[0][1] == 0
+
+
+def test_deleting_a_job_forgets_its_plans_and_batch_inputs(client, clock, db_url):
+    two_sources_one_derived(client, clock)
+    b0 = next_barrier(client, "d", after=0, source="ods.a")["barrier"]
+    ask(client, "d", 0, start=0, end=b0)
+    assert client.delete(f"{API}/jobs/d").status_code == 204
+    engine = sa.create_engine(db_url)
+    with engine.connect() as conn:
+        for table in ("batch_plans", "batch_inputs"):
+            assert conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar() == 0
+    engine.dispose()
+    # Registered again under the same name, it starts from scratch.
+    put_job(client, "d", ["dw.out"], inputs=["ods.a", "ods.b"])
+    assert next_barrier(client, "d", after=0, source="ods.a")["start_barrier"] == 0
