@@ -1,66 +1,99 @@
-"""The expiry plan (G5): a snapshot is in use while it is the current snapshot, kept by
-the retention policy, inside a live lease, or the start position of a derived job
-reading the table. Only snapshots older than the oldest in-use one are expirable.
+"""The expiry plan and its reservation (G5).
+
+A snapshot is in use while it is the current snapshot, kept by the retention policy,
+inside a live lease, or the start position of a derived job reading the table. Only
+snapshots older than the oldest in-use one may be expired.
 
 Every registered reader counts, running or not: a stopped job restarts from its
 start position, and expiring that would break it.
+
+The plan (:func:`expiry_plan`) is a read: it lists what is not in use as it reads,
+and a lease taken a moment later may pin one of those snapshots again. So an
+executor reserves first (:func:`reserve_expiry`): under the table's row lock, which
+every lease grant takes too, the plan is recomputed and the table's expiry horizon
+raised to the barrier of the oldest snapshot in use. From then on no consistent
+version or lease is handed out on a snapshot below the horizon (see
+``versions.service``), so what the reservation returns stays unused until the
+executor has expired it. A lease committed before the reservation is in the
+recomputed plan; one asked for after it waits for the lock and sees the horizon.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import defaultdict
-from typing import NamedTuple
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from metaservice.barriers import repository as barrier_repo
 from metaservice.context import Context
+from metaservice.errors import NotFound
+from metaservice.lifecycle import repository as repo
+from metaservice.lifecycle.repository import Reported
 from metaservice.lifecycle.schemas import ExpiryPlan, PlannedSnapshot
-from metaservice.models import DERIVED, Commit
+from metaservice.models import DERIVED, Table
 from metaservice.names import check_table_name
 from metaservice.topology import repository as topo
 from metaservice.versions import repository as lease_repo
 
 
-class Reported(NamedTuple):
-    """A reported snapshot of the table (batches that wrote no rows have none)."""
-
-    snapshot_id: int
-    barrier: int
-    batch_id: int
-    created_ms: int
-
-
 def expiry_plan(session: Session, ctx: Context, table: str) -> ExpiryPlan:
+    """What may be expired now, and why each other snapshot is kept (a read: see
+    :func:`reserve_expiry` for what an executor may act on)."""
     check_table_name(table)
-    t = topo.require_table(session, table)
-    snapshots = [
-        Reported(snapshot_id or 0, barrier, batch_id, created_ms)  # filtered: never null
-        for snapshot_id, barrier, batch_id, created_ms in session.execute(
-            select(Commit.snapshot_id, Commit.barrier, Commit.batch_id, Commit.created_ms)
-            .where(Commit.table_id == t.id, Commit.snapshot_id.is_not(None))
-            .order_by(Commit.barrier, Commit.batch_id)
-        )
-    ]
+    return _plan(session, ctx, topo.require_table(session, table))
+
+
+def reserve_expiry(session: Session, ctx: Context, table: str) -> ExpiryPlan:
+    """Reserve the table's expirable snapshots for an executor (a write transaction).
+
+    Returns the plan recomputed under the table's lock, with ``expirable`` exactly the
+    snapshots the executor may now expire; the horizon it raised keeps any version or
+    lease from naming them again::
+
+        plan = db.write(lambda session: reserve_expiry(session, ctx, "ods.orders"))
+        expire_snapshots(plan.expirable)  # still not in use, whatever runs meanwhile
+    """
+    check_table_name(table)
+    found = topo.require_table(session, table)
+    locked = lease_repo.lock_tables(session, [found.id], exclusive=True)
+    if not locked:
+        raise NotFound(f"table '{table}' was deleted while this request ran", field="table")
+    t = locked[0]
+    plan = _plan(session, ctx, t)
+    if plan.kept:
+        horizon = plan.kept[0].barrier
+        if t.expiry_horizon is None or t.expiry_horizon < horizon:
+            repo.raise_expiry_horizon(session, t.id, horizon)
+            plan.expiry_horizon = horizon
+    return plan
+
+
+def _plan(session: Session, ctx: Context, t: Table) -> ExpiryPlan:
+    snapshots = repo.reported_snapshots(session, t.id)
     if not snapshots:
-        return ExpiryPlan(table=table, oldest_in_use=None, expirable=[], kept=[])
+        return ExpiryPlan(
+            table=t.name,
+            oldest_in_use=None,
+            expiry_horizon=t.expiry_horizon,
+            expirable=[],
+            kept=[],
+        )
     reasons = _in_use(session, ctx, t.id, snapshots)
-    position = {c.snapshot_id: i for i, c in enumerate(snapshots)}
-    oldest = min(position[s] for s in reasons)
+    oldest = min(reasons)
     plan = [
         PlannedSnapshot(
             snapshot_id=c.snapshot_id,
             barrier=c.barrier,
             batch_id=c.batch_id,
-            reasons=reasons.get(c.snapshot_id, [])
+            reasons=reasons.get(i, [])
             or (["newer than the oldest snapshot in use"] if i > oldest else []),
         )
         for i, c in enumerate(snapshots)
     ]
     return ExpiryPlan(
-        table=table,
+        table=t.name,
         oldest_in_use=snapshots[oldest].snapshot_id,
+        expiry_horizon=t.expiry_horizon,
         expirable=plan[:oldest],
         kept=plan[oldest:],
     )
@@ -69,29 +102,41 @@ def expiry_plan(session: Session, ctx: Context, table: str) -> ExpiryPlan:
 def _in_use(
     session: Session, ctx: Context, table_id: int, snapshots: list[Reported]
 ) -> dict[int, list[str]]:
+    """Why each snapshot in use is, by its position in ``snapshots`` (never empty)."""
     reasons: dict[int, list[str]] = defaultdict(list)
+    position = {c.snapshot_id: i for i, c in enumerate(snapshots)}
     now = ctx.now_ms()
-    reasons[snapshots[-1].snapshot_id].append("current snapshot")
+    last = len(snapshots) - 1
+    reasons[last].append("current snapshot")
     keep_last = ctx.settings.retain_last_snapshots
-    for c in snapshots[-keep_last:]:
-        reasons[c.snapshot_id].append(f"retention: one of the newest {keep_last}")
+    for i in range(max(0, len(snapshots) - keep_last), len(snapshots)):
+        reasons[i].append(f"retention: one of the newest {keep_last}")
     if ctx.settings.retain_seconds:
-        horizon = now - ctx.settings.retain_seconds * 1000
-        for c in snapshots:
-            if c.created_ms >= horizon:
-                reasons[c.snapshot_id].append(
-                    f"retention: younger than {ctx.settings.retain_seconds} s"
-                )
+        young = now - ctx.settings.retain_seconds * 1000
+        for i, c in enumerate(snapshots):
+            if c.created_ms >= young:
+                reasons[i].append(f"retention: younger than {ctx.settings.retain_seconds} s")
     for lease_id, expires, snapshot in lease_repo.live_lease_snapshots(session, table_id, now):
-        if snapshot is not None:
-            reasons[snapshot].append(f"lease {lease_id} until {expires}")
+        if snapshot is None:
+            continue
+        if snapshot in position:
+            reasons[position[snapshot]].append(f"lease {lease_id} until {expires}")
+        else:
+            # Its report went with its deleted writer, so where it stands among these is
+            # unknown: keep them all rather than guess.
+            reasons[0].append(
+                f"lease {lease_id} until {expires} pins snapshot {snapshot}, which is no "
+                "longer among the reported snapshots (its writer was deleted): all are kept "
+                "while it lasts"
+            )
+    barriers = [c.barrier for c in snapshots]
     for reader in topo.reader_jobs(session, table_id):
         if reader.kind != DERIVED:
             continue
-        start = barrier_repo.snapshot_at(session, table_id, reader.frontier)
-        # No snapshot at the reader's start: it reads from the very first snapshot.
-        pinned = start if start is not None else snapshots[0].snapshot_id
-        reasons[pinned].append(
+        # The latest snapshot at or below the reader's frontier; none there: it reads
+        # from the very first snapshot.
+        start = max(0, bisect_right(barriers, reader.frontier) - 1)
+        reasons[start].append(
             f"start position of job '{reader.name}' (committed up to barrier {reader.frontier})"
         )
     return reasons

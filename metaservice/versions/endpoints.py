@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Query, Response
-from sqlalchemy.orm import Session
 
 from metaservice.auth.schemas import Role
 from metaservice.auth.service import Caller, check_role
@@ -18,13 +17,10 @@ def consistent(
 ) -> ConsistentVersion:
     names = service.parse_tables(s.ctx, tables)
     if lease_seconds is not None:
-
-        def with_lease(session: Session) -> ConsistentVersion:
-            service.seal_writers(session, s.ctx, names)
-            version = service.consistent_version(session, s.ctx, names, at_or_before)
-            return service.create_lease(session, s.ctx, version, lease_seconds)
-
-        return s.db.write(with_lease)
+        seconds = lease_seconds
+        return s.db.write(
+            lambda session: service.lease_version(session, s.ctx, names, at_or_before, seconds)
+        )
     # Sealing is a write; take it only when a source writer can move, then read.
     if s.db.read(lambda session: service.needs_seal(session, s.ctx, names)):
         s.db.write(lambda session: service.seal_writers(session, s.ctx, names))

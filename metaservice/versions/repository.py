@@ -1,11 +1,34 @@
-"""Queries about leases."""
+"""Queries about leases, and the table locks that order leases against expiry."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from metaservice.models import Lease, LeaseSnapshot
+from metaservice.models import Lease, LeaseSnapshot, Table
+
+
+def lock_tables(session: Session, table_ids: Sequence[int], *, exclusive: bool) -> list[Table]:
+    """The table rows, locked for the rest of the transaction and read afresh.
+
+    G5's lock: granting a lease takes them shared (leases never wait for each other),
+    reserving an expiry takes its table exclusive, so each sees what the other committed
+    (PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises writers). Id order: two
+    requests locking overlapping sets never deadlock.
+    """
+    if not table_ids:
+        return []
+    return list(
+        session.execute(
+            select(Table)
+            .where(Table.id.in_(sorted(set(table_ids))))
+            .order_by(Table.id)
+            .with_for_update(read=not exclusive)
+            .execution_options(populate_existing=True)
+        ).scalars()
+    )
 
 
 def live_lease_snapshots(
@@ -16,5 +39,6 @@ def live_lease_snapshots(
         select(Lease.id, Lease.expires_ms, LeaseSnapshot.snapshot_id)
         .join(LeaseSnapshot, LeaseSnapshot.lease_id == Lease.id)
         .where(LeaseSnapshot.table_id == table_id, Lease.expires_ms > now_ms)
+        .order_by(Lease.expires_ms, Lease.id)
     )
     return list(rows)

@@ -1,5 +1,14 @@
 """The consistent version of a set of tables: the largest barrier at which every
-table is complete and exact, with each table's snapshot at that barrier."""
+table is complete and exact, with each table's snapshot at that barrier.
+
+G5: a table's ``expiry_horizon`` is the barrier below which its snapshots may have
+been expired (``lifecycle.service.reserve_expiry`` raises it). A version whose
+barrier is below a member's horizon would name a snapshot that may be gone, so it is
+refused (409 ``expired``) rather than handed out; a table that was still empty at
+the barrier names no snapshot and is no obstacle. A lease checks the horizon again
+under the tables' row locks, which a reservation takes exclusively: a lease is
+either in the reservation's plan, or sees the raised horizon.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +23,7 @@ from metaservice.errors import Conflict, Invalid, NotFound, TooLarge
 from metaservice.models import DERIVED, Job, Lease, LeaseSnapshot, Table
 from metaservice.names import check_table_name
 from metaservice.topology import repository as topo
+from metaservice.versions import repository as repo
 from metaservice.versions.schemas import ConsistentVersion
 
 
@@ -82,7 +92,27 @@ def consistent_version(
     # One statement for all tables: a query per table made 50 tables cost 50 round trips.
     found = barrier_repo.snapshots_at(session, [t.id for t in tables.values()], barrier)
     snapshots = {name: found[tables[name].id] for name in names}
-    return ConsistentVersion(barrier=barrier, snapshots=snapshots)
+    version = ConsistentVersion(barrier=barrier, snapshots=snapshots)
+    _check_horizons(version, tables, "at_or_before" if at_or_before is not None else "tables")
+    return version
+
+
+def _check_horizons(version: ConsistentVersion, tables: dict[str, Table], field: str) -> None:
+    """409 ``expired`` when the version names a snapshot below a table's expiry horizon."""
+    for name, snapshot in sorted(version.snapshots.items()):
+        horizon = tables[name].expiry_horizon
+        if horizon is None or version.barrier >= horizon or snapshot is None:
+            continue
+        raise Conflict(
+            f"the consistent version at barrier {version.barrier} needs snapshot {snapshot} "
+            f"of '{name}', which may have been expired: snapshots of '{name}' older than "
+            f"its snapshot at barrier {horizon} (its expiry horizon) are not handed out. "
+            f"Ask for a version at or after barrier {horizon} (the latest one gets there "
+            "once every table has), and take a lease (lease_seconds) on a version you "
+            "need to keep",
+            field=field,
+            code="expired",
+        )
 
 
 def _common_exact_barrier(session: Session, derived_jobs: list[int], limit: int) -> int | None:
@@ -103,14 +133,34 @@ def _common_exact_barrier(session: Session, derived_jobs: list[int], limit: int)
     return candidate
 
 
+def lease_version(
+    session: Session, ctx: Context, names: list[str], at_or_before: int | None, seconds: int
+) -> ConsistentVersion:
+    """The consistent version of the tables, pinned by a new lease (a write transaction)."""
+    seal_writers(session, ctx, names)
+    version = consistent_version(session, ctx, names, at_or_before)
+    return create_lease(session, ctx, version, seconds)
+
+
 def create_lease(
     session: Session, ctx: Context, version: ConsistentVersion, seconds: int
 ) -> ConsistentVersion:
+    """Pin ``version``'s snapshots; 409 ``expired`` if an expiry was reserved below it.
+
+    Takes the tables' row locks (shared) before checking their horizons, so an expiry
+    reserved concurrently either sees this lease or makes it fail here."""
     if seconds > ctx.settings.max_lease_seconds:
         raise Invalid(
             f"lease of {seconds} s is longer than the {ctx.settings.max_lease_seconds} s allowed",
             field="lease_seconds",
         )
+    names = topo.tables_by_names(session, list(version.snapshots))
+    locked = repo.lock_tables(session, [t.id for t in names.values()], exclusive=False)
+    tables = {t.name: t for t in locked}
+    for name in version.snapshots:
+        if name not in tables:
+            raise NotFound(f"table '{name}' was deleted while this request ran", field="tables")
+    _check_horizons(version, tables, "tables")
     now = ctx.now_ms()
     lease = Lease(
         id=str(uuid.uuid4()),
@@ -119,7 +169,6 @@ def create_lease(
         expires_ms=now + seconds * 1000,
     )
     session.add(lease)
-    tables = topo.tables_by_names(session, list(version.snapshots))
     for name, snapshot in version.snapshots.items():
         session.add(
             LeaseSnapshot(lease_id=lease.id, table_id=tables[name].id, snapshot_id=snapshot)

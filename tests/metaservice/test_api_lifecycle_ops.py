@@ -9,6 +9,7 @@ from fastapi.testclient import TestClient
 
 from metaservice.app import create_app
 from metaservice.clock import ManualClock
+from metaservice.lifecycle import service as lifecycle
 from metaservice.migrate import head_revision
 from metaservice.settings import Settings
 from tests.metaservice.helpers import (
@@ -51,6 +52,7 @@ def test_expiry_plan_of_a_table_without_snapshots_is_empty(client):
     assert get_json(client, "/tables/ods.orders/expirable") == {
         "table": "ods.orders",
         "oldest_in_use": None,
+        "expiry_horizon": None,
         "expirable": [],
         "kept": [],
     }
@@ -202,6 +204,33 @@ def test_expiry_plan_never_lists_a_snapshot_in_use(client, clock):
         assert not expirable & in_use, (expirable, in_use)
         assert all(p["reasons"] == [] for p in plan["expirable"])
         assert all(p["reasons"] for p in plan["kept"])
+
+
+def test_expiry_plan_keeps_everything_while_a_lease_pins_a_snapshot_of_a_deleted_writer(
+    client, clock
+):
+    """s5_lease.py: the leased snapshot left the reported history with its deleted writer
+    and the table got a new one (the plan answered 500)."""
+    put_job(client, "s", ["ods.s"])
+    run_batch(client, "s", 0, {"ods.s": 11})
+    clock.advance(2 * SLOT)
+    lease = consistent(client, "ods.s", lease_seconds=3600).json()
+    assert lease["snapshots"] == {"ods.s": 11}
+    assert client.delete(f"{API}/jobs/s").status_code == 204
+    put_job(client, "s2", ["ods.s"])
+    _snapshots(client, clock, "s2", "ods.s", [12, 13])
+    plan, expirable, kept = _plan(client, "ods.s")
+    assert (expirable, plan["oldest_in_use"]) == ([], 12)
+    assert kept[12] == [
+        f"lease {lease['lease_id']} until {lease['lease_expires_ms']} pins snapshot 11, which "
+        "is no longer among the reported snapshots (its writer was deleted): all are kept "
+        "while it lasts"
+    ]
+    s = client.app.state.services
+    reserved = s.db.write(lambda session: lifecycle.reserve_expiry(session, s.ctx, "ods.s"))
+    assert reserved.expirable == []
+    assert client.delete(f"{API}/leases/{lease['lease_id']}").status_code == 204
+    assert _plan(client, "ods.s")[1] == [12]
 
 
 def test_expiry_plan_of_unknown_or_invalid_table_gives_4xx(client, db_url):
