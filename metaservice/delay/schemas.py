@@ -8,7 +8,14 @@ class JobLag(BaseModel):
     (for a source job: how far its output trails the wall clock)."""
 
     job: str
-    output: str
+    output: str = Field(
+        description="The job's output on the way to the table asked about (on the critical "
+        "path: the table on it)"
+    )
+    outputs: list[str] = Field(
+        default_factory=list,
+        description="Every output of the job; they share its frontier, so its lag is theirs",
+    )
     slowest_input: str | None
     input_frontier: int = Field(
         description="Frontier of the slowest input, or now for a source job"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import networkx as nx
 from sqlalchemy.orm import Session
 
@@ -39,13 +41,19 @@ def delay(session: Session, ctx: Context, table: str) -> Delay:
         writer = tables[name].writer_id
         return fronts[writer] if writer is not None else None
 
-    lags = {}
-    for job in jobs.values():
-        lags[job.id] = _job_lag(session, job, now, table_frontier, fronts[job.id])
+    inputs, outputs = topo.edges_of_jobs(session, sorted(jobs))
+    upstream = set(upstream_tables)
+    lags = {
+        job.id: _job_lag(
+            job, inputs[job.id], outputs[job.id], upstream, now, table_frontier, fronts[job.id]
+        )
+        for job in jobs.values()
+    }
     path = []
     current = target
     while current.writer_id is not None:
-        lag = lags[current.writer_id]
+        # a job with several outputs holds this path back through the one on it
+        lag = lags[current.writer_id].model_copy(update={"output": current.name})
         path.append(lag)
         if lag.slowest_input is None or tables[lag.slowest_input].writer_id is None:
             break
@@ -61,17 +69,27 @@ def delay(session: Session, ctx: Context, table: str) -> Delay:
     )
 
 
-def _job_lag(session: Session, job: Job, now: int, table_frontier, output_frontier: int) -> JobLag:  # type: ignore[no-untyped-def]
-    outputs = topo.output_tables(session, job.id)
-    inputs = [t.name for t in topo.input_tables(session, job.id)]
-    known = [(table_frontier(name), name) for name in inputs if table_frontier(name) is not None]
+def _job_lag(
+    job: Job,
+    inputs: list[str],
+    outputs: list[str],
+    upstream: set[str],
+    now: int,
+    table_frontier: Callable[[str], int | None],
+    output_frontier: int,
+) -> JobLag:
+    """The job's own lag; ``output`` is its first output upstream of the table asked
+    about (every output shares the job's frontier, so the lag is the same for each)."""
+    known = [(front, name) for name in inputs if (front := table_frontier(name)) is not None]
     if known:
         input_frontier, slowest = min(known)
     else:
         input_frontier, slowest = now, None
+    on_path = [name for name in outputs if name in upstream]
     return JobLag(
         job=job.name,
-        output=outputs[0].name if outputs else "",
+        output=(on_path or outputs or [""])[0],
+        outputs=outputs,
         slowest_input=slowest,
         input_frontier=input_frontier,
         output_frontier=output_frontier,

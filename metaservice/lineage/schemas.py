@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from metaservice.barriers.schemas import InputRange
+
 
 class Node(BaseModel):
     id: str = Field(examples=["table:dwd.order_detail"])
@@ -22,20 +24,13 @@ class LineageGraph(BaseModel):
     edges: list[Edge]
 
 
-class ConsumedRange(BaseModel):
-    """Snapshots of one input that a batch consumed: (from_snapshot, to_snapshot]."""
-
-    table: str
-    from_barrier: int
-    to_barrier: int
-    from_snapshot: int | None
-    to_snapshot: int | None
-
-
 class SnapshotLineage(BaseModel):
     table: str
     snapshot_id: int
     job: str
     batch_id: int
     barrier: int
-    inputs: list[ConsumedRange]
+    inputs: list[InputRange] = Field(
+        description="What the batch read from each input it was opened with: snapshots in "
+        "(from_snapshot, to_snapshot]; empty for a source job's snapshot"
+    )

@@ -5,14 +5,13 @@ from __future__ import annotations
 from collections import deque
 
 import networkx as nx
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from metaservice.barriers import repository as barrier_repo
+from metaservice.barriers import service as barrier_service
 from metaservice.context import Context
 from metaservice.errors import Invalid, NotFound, TooLarge
-from metaservice.lineage.schemas import ConsumedRange, Edge, LineageGraph, Node, SnapshotLineage
-from metaservice.models import Batch, Commit, Job
+from metaservice.lineage.schemas import Edge, LineageGraph, Node, SnapshotLineage
 from metaservice.names import check_table_name
 from metaservice.topology import repository as topo
 from metaservice.topology.graph import table_node
@@ -67,37 +66,23 @@ def _walk(graph: nx.DiGraph, root: str, hops: int | None, *, upstream: bool) -> 
 
 
 def snapshot_lineage(session: Session, table: str, snapshot_id: int) -> SnapshotLineage:
+    """Which job, batch and barrier made the snapshot, and what the batch read: per input
+    it was opened with (the job's current inputs for batches recorded before that was
+    kept), the snapshot range (from, to] by the barrier-to-snapshot mapping."""
     t = topo.require_table(session, table)
-    row = session.execute(
-        select(Commit, Job.name)
-        .join(Job, Job.id == Commit.job_id)
-        .where(Commit.table_id == t.id, Commit.snapshot_id == snapshot_id)
-    ).one_or_none()
-    if row is None:
+    commit = barrier_repo.commit_with_snapshot(session, t.id, snapshot_id)
+    if commit is None:
         raise NotFound(
             f"snapshot {snapshot_id} of '{table}' was never reported to the MetaService",
             field="snapshot_id",
         )
-    commit, job_name = row
-    batch = session.execute(
-        select(Batch).where(Batch.job_id == commit.job_id, Batch.batch_id == commit.batch_id)
-    ).scalar_one()
-    inputs = []
-    if batch.start_barrier is not None:
-        for source in topo.input_tables(session, commit.job_id):
-            inputs.append(
-                ConsumedRange(
-                    table=source.name,
-                    from_barrier=batch.start_barrier,
-                    to_barrier=batch.barrier,
-                    from_snapshot=barrier_repo.snapshot_at(session, source.id, batch.start_barrier),
-                    to_snapshot=barrier_repo.snapshot_at(session, source.id, batch.barrier),
-                )
-            )
+    job = topo.jobs_by_ids(session, [commit.job_id])[commit.job_id]
+    batch = barrier_repo.get_batch(session, commit.job_id, commit.batch_id)
+    inputs = barrier_service.batch_view(session, job, batch).inputs if batch is not None else []
     return SnapshotLineage(
         table=table,
         snapshot_id=snapshot_id,
-        job=job_name,
+        job=job.name,
         batch_id=commit.batch_id,
         barrier=commit.barrier,
         inputs=inputs,

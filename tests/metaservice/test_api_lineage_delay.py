@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from sqlalchemy import create_engine, text
+
+from metaservice.db import normalise_url
 from tests.metaservice.helpers import (
     API,
     SLOT,
@@ -191,6 +194,60 @@ def test_snapshot_lineage_of_a_derived_snapshot_lists_the_consumed_ranges(client
     ]
 
 
+def _sql(db_url, statement, **params):
+    engine = create_engine(normalise_url(db_url))
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(statement), params)
+    finally:
+        engine.dispose()
+
+
+def test_snapshot_lineage_lists_every_input_a_multi_input_batch_read(client, clock):
+    put_job(client, "src", ["ods.orders"])
+    put_job(client, "src2", ["ods.items"])
+    put_job(client, "der", ["dw.detail"], inputs=["ods.orders", "ods.items"])
+    run_batch(client, "src", 0, {"ods.orders": 101})
+    run_batch(client, "src2", 0, {"ods.items": 301})
+    clock.advance(2 * SLOT)
+    assert run_batch(client, "der", 0, {"dw.detail": 201}) == T0 + SLOT
+    lineage = get_json(client, "/lineage/snapshots/dw.detail/201")
+    assert [(r["table"], r["from_snapshot"], r["to_snapshot"]) for r in lineage["inputs"]] == [
+        ("ods.items", None, 301),
+        ("ods.orders", None, 101),
+    ]
+
+
+def test_snapshot_lineage_lists_the_inputs_the_batch_read_not_the_jobs_current_ones(
+    client, clock, db_url
+):
+    """The batch was opened reading ods.orders; ods.items became an input afterwards (as
+    the topology allowed before job changes were refused): its lineage is unchanged."""
+    source_and_derived(client, clock)
+    put_job(client, "src2", ["ods.items"])
+    run_batch(client, "src2", 0, {"ods.items": 301})
+    _sql(
+        db_url,
+        "INSERT INTO job_inputs (job_id, table_id) SELECT j.id, t.id FROM jobs j, tables t "
+        "WHERE j.name = 'der' AND t.name = 'ods.items'",
+    )
+    assert get_json(client, "/jobs/der")["inputs"] == ["ods.items", "ods.orders"]
+    inputs = get_json(client, "/lineage/snapshots/dw.detail/201")["inputs"]
+    assert [(r["table"], r["to_snapshot"]) for r in inputs] == [("ods.orders", 102)]
+
+
+def test_snapshot_lineage_of_a_batch_without_recorded_inputs_uses_the_jobs_inputs(
+    client, clock, db_url
+):
+    """Batches from before their inputs were recorded (migration 0004) fall back."""
+    source_and_derived(client, clock)
+    _sql(db_url, "DELETE FROM batch_inputs")
+    inputs = get_json(client, "/lineage/snapshots/dw.detail/201")["inputs"]
+    assert [(r["table"], r["from_snapshot"], r["to_snapshot"]) for r in inputs] == [
+        ("ods.orders", None, 102)
+    ]
+
+
 def test_snapshot_lineage_of_a_source_snapshot_has_no_inputs(client, clock):
     source_and_derived(client, clock)
     assert get_json(client, "/lineage/snapshots/ods.orders/101") == {
@@ -245,6 +302,7 @@ def test_delay_splits_into_per_job_contributions_along_the_critical_path(client,
         {
             "job": "agg",
             "output": "dws.revenue",
+            "outputs": ["dws.revenue"],
             "slowest_input": "dw.detail",
             "input_frontier": T0 + 4 * SLOT,
             "output_frontier": T0 + SLOT,
@@ -253,6 +311,7 @@ def test_delay_splits_into_per_job_contributions_along_the_critical_path(client,
         {
             "job": "der",
             "output": "dw.detail",
+            "outputs": ["dw.detail"],
             "slowest_input": "ods.orders",
             "input_frontier": T0 + 5 * SLOT,
             "output_frontier": T0 + 4 * SLOT,
@@ -261,6 +320,7 @@ def test_delay_splits_into_per_job_contributions_along_the_critical_path(client,
         {
             "job": "src",
             "output": "ods.orders",
+            "outputs": ["ods.orders"],
             "slowest_input": None,
             "input_frontier": now,
             "output_frontier": T0 + 5 * SLOT,
@@ -298,6 +358,38 @@ def test_delay_critical_path_follows_the_slowest_input(client, clock):
     delay = get_json(client, "/delay", table="dw.detail")
     assert [j["job"] for j in delay["critical_path"]] == ["der", "src"]
     assert sum(j["contribution_ms"] for j in delay["critical_path"]) == delay["delay_ms"]
+
+
+def test_delay_names_the_output_of_a_multi_output_job_that_is_on_the_path(client, clock):
+    """der writes dw.a and dw.b; agg reads only dw.b. Both outputs share der's frontier."""
+    put_job(client, "src", ["ods.orders"])
+    put_job(client, "der", ["dw.a", "dw.b"], inputs=["ods.orders"])
+    put_job(client, "agg", ["dws.c"], inputs=["dw.b"])
+    run_batch(client, "src", 0, {"ods.orders": 1})
+    clock.advance(2 * SLOT)
+    assert run_batch(client, "der", 0, {"dw.a": 11, "dw.b": 21}) == T0 + SLOT
+    clock.advance(3 * SLOT)
+    delay = get_json(client, "/delay", table="dws.c")
+    path = [(j["job"], j["output"], j["outputs"]) for j in delay["critical_path"]]
+    assert path == [
+        ("agg", "dws.c", ["dws.c"]),
+        ("der", "dw.b", ["dw.a", "dw.b"]),
+        ("src", "ods.orders", ["ods.orders"]),
+    ]
+    assert sum(j["contribution_ms"] for j in delay["critical_path"]) == delay["delay_ms"]
+    assert {j["job"]: j["output"] for j in delay["jobs"]} == {
+        "agg": "dws.c",
+        "der": "dw.b",
+        "src": "ods.orders",
+    }
+    for table in ("dw.a", "dw.b"):
+        delay = get_json(client, "/delay", table=table)
+        assert delay["frontier"] == T0 + SLOT
+        assert [(j["job"], j["output"]) for j in delay["critical_path"]] == [
+            ("der", table),
+            ("src", "ods.orders"),
+        ]
+        assert delay["critical_path"][0]["outputs"] == ["dw.a", "dw.b"]
 
 
 def test_delay_of_a_source_table_is_its_own_lag(client, clock):
