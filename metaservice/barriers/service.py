@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+import networkx as nx
 from sqlalchemy.orm import Session
 
 from metaservice.barriers import frontiers as fr
@@ -27,6 +28,7 @@ from metaservice.context import Context
 from metaservice.errors import Conflict, Invalid, NotFound
 from metaservice.models import DERIVED, SOURCE, Batch, BatchPlan, Commit, Job, Table
 from metaservice.topology import repository as topo
+from metaservice.topology.graph import job_node
 
 log = logging.getLogger("metaservice.barriers")
 
@@ -393,10 +395,9 @@ def _choose_target(session: Session, ctx: Context, job: Job, start: int) -> int 
     if any(t.writer_id is None for t in inputs):
         return None  # an input nobody writes has no frontier yet
     writers = list(topo.jobs_by_ids(session, [t.writer_id for t in inputs if t.writer_id]).values())
-    fr.seal_sources(session, ctx, writers)
     derived = [w for w in writers if w.kind == DERIVED]
-    for writer in derived:
-        advance_idle(session, ctx, writer)
+    advance_idle_many(session, ctx, derived)  # locks upstream jobs before sources
+    fr.seal_sources(session, ctx, writers)
     limit = min(fr.frontiers(session, ctx, writers).values())
     candidates = None
     if derived:
@@ -443,6 +444,19 @@ def advance_idle(session: Session, ctx: Context, job: Job) -> bool:
     job.pending_target = None
     session.flush()
     return True
+
+
+def advance_idle_many(session: Session, ctx: Context, jobs: Sequence[Job]) -> None:
+    """:func:`advance_idle` for several jobs, downstream ones first.
+
+    Job rows are locked downstream before upstream, and upstream before the source
+    jobs sealed under them, as a derived job's own target request does; any other
+    order could deadlock against it on PostgreSQL.
+    """
+    order = {name: i for i, name in enumerate(nx.topological_sort(ctx.graph.get(session)))}
+    derived = [j for j in jobs if j.kind == DERIVED]
+    for job in sorted(derived, key=lambda j: -order.get(job_node(j.name), 0)):
+        advance_idle(session, ctx, job)
 
 
 def could_advance(session: Session, ctx: Context, jobs: Sequence[Job]) -> bool:
