@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from metaservice.barriers import frontiers as fr
 from metaservice.barriers import repository as barrier_repo
+from metaservice.barriers import service as barrier_service
 from metaservice.context import Context
 from metaservice.errors import Conflict, Invalid, NotFound, TooLarge
 from metaservice.models import DERIVED, Job, Lease, LeaseSnapshot, Table
@@ -59,14 +60,18 @@ def writers_of(session: Session, names: list[str]) -> tuple[dict[str, Table], di
 
 
 def seal_writers(session: Session, ctx: Context, names: list[str]) -> None:
-    """Write step before a consistent-version read: seal idle source writers."""
+    """Write step before a consistent-version read: seal idle source writers and
+    advance idle derived writers (and their idle upstream), so neither holds it back."""
     _, jobs = writers_of(session, names)
+    # Derived jobs first: they lock their upstream, then its sources (see advance_idle_many).
+    barrier_service.advance_idle_many(session, ctx, list(jobs.values()))
     fr.seal_sources(session, ctx, list(jobs.values()))
 
 
 def needs_seal(session: Session, ctx: Context, names: list[str]) -> bool:
     _, jobs = writers_of(session, names)
-    return fr.needs_seal(ctx, list(jobs.values()))
+    writers = list(jobs.values())
+    return fr.needs_seal(ctx, writers) or barrier_service.could_advance(session, ctx, writers)
 
 
 def consistent_version(
