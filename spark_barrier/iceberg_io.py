@@ -5,9 +5,16 @@ driver only ever handles file paths and Parquet footers, and pyiceberg owns the
 Iceberg metadata (manifests, snapshots, catalog commits).
 
 Every snapshot committed here is stamped with the summary properties
-`metaservice.barrier`, `metaservice.job` and `metaservice.batch`, which is what
-makes replays detectable (exactly-once) and lets the MetaService rebuild its
-barrier-to-snapshot mapping from the tables themselves.
+`metaservice.barrier`, `metaservice.job` and `metaservice.batch` (and, when the
+Spark query is known, `metaservice.query`), which is what makes replays detectable
+(exactly-once) and lets the MetaService rebuild its barrier-to-snapshot mapping
+from the tables themselves.
+
+A batch reaches a table at most once, whatever the retries: pyiceberg's own
+commit retries are turned off on the tables committed to here (table property
+`commit.retry.num-retries=0`; pyiceberg would otherwise re-apply a fast append on
+top of another driver's commit of the same batch), and our retry loop checks for
+the batch's snapshot before every attempt, on the metadata the attempt commits on.
 
 Limitations, by design of this layer:
 - Data files are matched to columns by name (Spark's Parquet reader); column
@@ -80,6 +87,7 @@ log = logging.getLogger(__name__)
 SUMMARY_BARRIER = "metaservice.barrier"
 SUMMARY_JOB = "metaservice.job"
 SUMMARY_BATCH = "metaservice.batch"
+SUMMARY_QUERY = "metaservice.query"
 
 Mode = Literal["append", "upsert"]
 
@@ -114,6 +122,12 @@ class StampedSnapshot(NamedTuple):
     barrier: int
     job: str
     batch: int
+    query: str | None = None  # the Spark query that committed it (None: not stamped)
+
+
+class NotAppendOnly(ValueError):
+    """A range of a table holds snapshots that replace or delete rows: reading only the
+    files they add would silently miss rows."""
 
 
 # --------------------------------------------------------------------------- catalog
@@ -145,7 +159,9 @@ def ensure_table(
     catalog.create_namespace_if_not_exists(namespace)
     if isinstance(schema, T.StructType):
         schema = spark_schema_to_arrow(schema)
-    return catalog.create_table_if_not_exists(identifier, schema=schema)
+    return catalog.create_table_if_not_exists(
+        identifier, schema=schema, properties={TableProperties.COMMIT_NUM_RETRIES: "0"}
+    )
 
 
 # --------------------------------------------------------------------------- schemas
@@ -246,21 +262,29 @@ def list_stamped_snapshots(table: Table) -> list[StampedSnapshot]:
     return [s for snap in table.snapshots() if (s := _stamp_of(snap)) is not None]
 
 
-def find_batch_commit(table: Table, job: str, batch_id: int) -> StampedSnapshot | None:
+def find_batch_commit(
+    table: Table, job: str, batch_id: int, query_id: str | None = None
+) -> StampedSnapshot | None:
     """The snapshot already committed by `job` for `batch_id` (with its barrier), or None.
 
-    Used to skip a replayed batch (exactly-once). The latest match wins; there is
-    only one unless an external tool re-committed a batch.
+    Used to skip a replayed batch (exactly-once). With `query_id`, a snapshot stamped
+    by another Spark query (a reset checkpoint restarts batch ids at 0) is not this
+    batch; snapshots stamped without a query match on job and batch alone. The latest
+    match wins; there is only one unless an external tool re-committed a batch.
     """
     for stamped in reversed(list_stamped_snapshots(table)):
-        if stamped.job == job and stamped.batch == batch_id:
+        if stamped.job != job or stamped.batch != batch_id:
+            continue
+        if query_id is None or stamped.query is None or stamped.query == query_id:
             return stamped
     return None
 
 
-def find_batch_snapshot(table: Table, job: str, batch_id: int) -> int | None:
+def find_batch_snapshot(
+    table: Table, job: str, batch_id: int, query_id: str | None = None
+) -> int | None:
     """The id of :func:`find_batch_commit`'s snapshot, or None."""
-    found = find_batch_commit(table, job, batch_id)
+    found = find_batch_commit(table, job, batch_id, query_id)
     return found.snapshot_id if found is not None else None
 
 
@@ -278,7 +302,9 @@ def _stamp_of(snap: Snapshot) -> StampedSnapshot | None:
     barrier, job, batch = (summary.get(k) for k in (SUMMARY_BARRIER, SUMMARY_JOB, SUMMARY_BATCH))
     if barrier is None or job is None or batch is None:
         return None
-    return StampedSnapshot(snap.snapshot_id, int(barrier), job, int(batch))
+    return StampedSnapshot(
+        snap.snapshot_id, int(barrier), job, int(batch), summary.get(SUMMARY_QUERY)
+    )
 
 
 def data_file_paths(table: Table, snapshot_id: int | None = None) -> list[str]:
@@ -321,20 +347,46 @@ def read_appended(
 ) -> DataFrame:
     """Rows added by the snapshots in `(after, upto]` of an append-only table.
 
+    Reads the files :func:`appended_file_paths` lists. An empty range (`upto` None or
+    equal to `after`) gives an empty DataFrame.
+    """
+    return _read_files(
+        spark, table, appended_file_paths(table, after_snapshot_id, upto_snapshot_id)
+    )
+
+
+def appended_file_paths(table: Table, after: int | None, upto: int | None) -> list[str]:
+    """Paths of the data files added by the snapshots in `(after, upto]`, checked.
+
     Uses pyiceberg's incremental append scan: the data files whose manifest entry
     is ADDED by an append snapshot in the ancestor chain from `upto` back to (not
-    including) `after` (`after=None`: from the first snapshot). Raises ValueError if
-    the range holds an overwrite or delete snapshot, because rows those removed or
-    replaced would silently be missed, or if `after` is not an ancestor of `upto`.
-    An empty range (`upto` None or equal to `after`) gives an empty DataFrame.
+    including) `after` (`after=None`: from the first snapshot). Raises
+    :class:`NotAppendOnly` if the range holds an overwrite or delete snapshot,
+    because rows those removed or replaced would silently be missed, and ValueError
+    if `after` is not an ancestor of `upto`.
     """
-    if upto_snapshot_id is None or upto_snapshot_id == after_snapshot_id:
-        return _read_files(spark, table, [])
-    _require_append_only(table, after_snapshot_id, upto_snapshot_id)
+    if upto is None or upto == after:
+        return []
+    _require_append_only(table, after, upto)
     scan = table.incremental_append_scan(
-        from_snapshot_id_exclusive=after_snapshot_id, to_snapshot_id_inclusive=upto_snapshot_id
+        from_snapshot_id_exclusive=after, to_snapshot_id_inclusive=upto
     )
-    return _read_files(spark, table, [t.file.file_path for t in scan.plan_files()])
+    return [t.file.file_path for t in scan.plan_files()]
+
+
+def range_file_paths(table: Table, after: int | None, upto: int | None) -> list[str]:
+    """The data files a batch reads for the snapshot range `(after, upto]` of an input.
+
+    A first read (no start snapshot: a new reader, or a start that was expired since)
+    reads the table's full state at `upto`: the increments of the snapshots that
+    survived would miss what the expired ones added. Otherwise the files added in the
+    range, which must be append-only (:func:`appended_file_paths`).
+    """
+    if upto is None or upto == after:
+        return []
+    if after is None or table.snapshot_by_id(after) is None:
+        return data_file_paths(table, upto)
+    return appended_file_paths(table, after, upto)
 
 
 def _require_append_only(table: Table, after: int | None, upto: int) -> None:
@@ -344,9 +396,16 @@ def _require_append_only(table: Table, after: int | None, upto: int) -> None:
     for snap in ancestors_of(upto_snap, table.metadata):
         operation = snap.summary.operation if snap.summary else None
         if operation not in _APPEND_ONLY_OPERATIONS:
-            raise ValueError(
-                f"snapshot {snap.snapshot_id} of {table.name()} is a {operation} snapshot; "
-                "incremental reads need an append-only range"
+            name = ".".join(table.name())
+            kind = operation.value if isinstance(operation, Operation) else operation
+            raise NotAppendOnly(
+                f"table {name} is not append-only between snapshots {after} and {upto}: "
+                f"snapshot {snap.snapshot_id} is a {kind} snapshot (an upsert, overwrite or "
+                "delete), and incremental reads need an append-only range (reading only "
+                "the files it added would silently miss the rows it replaced or deleted). "
+                f"Read {name} as of the batch's barrier instead: declare it in "
+                f"register(..., lookups=['{name}']) and call ctx.read('{name}') in the "
+                "transform (changelog reads of such tables are not supported yet)"
             )
         # Comparing with the parent also accepts an `after` that was since expired.
         if snap.parent_snapshot_id == after:
@@ -376,14 +435,18 @@ def commit_batch(
     mode: Mode = "append",
     key_columns: Sequence[str] | None = None,
     max_attempts: int = DEFAULT_COMMIT_ATTEMPTS,
+    query_id: str | None = None,
 ) -> int | None:
     """Write one micro-batch from the executors and commit it as one stamped snapshot.
 
     The executors write the batch as Parquet into a fresh folder under the table's
     `data/`; the driver reads only the files' footers and commits them with
     pyiceberg. Returns the new snapshot id, or None when the batch had no rows (no
-    snapshot is made). Idempotent per `(job, batch_id)`: when the table already
-    holds a snapshot for that batch its id is returned and nothing is written.
+    snapshot is made). Idempotent per `(job, batch_id)` (and `query_id`, the Spark
+    query stamped beside the batch id when given): when the table already holds a
+    snapshot for that batch its id is returned and nothing is written. The batch
+    reaches the table at most once even when two drivers run it at the same time
+    (see the module docstring).
 
     `mode="upsert"` replaces rows by `key_columns`: the batch is reduced to its last
     row per key, the current data files holding any of its keys are rewritten
@@ -400,11 +463,17 @@ def commit_batch(
     if max_attempts < 1:
         raise ValueError("max_attempts must be at least 1")
     table.refresh()
-    existing = find_batch_snapshot(table, job, batch_id)
+    _turn_off_pyiceberg_retries(table)
+    # Every attempt commits on the metadata this check (or should_stop's) ran on: the
+    # fast append asserts its parent snapshot, so another driver's commit of the batch
+    # in between makes the attempt fail rather than land a second time.
+    existing = find_batch_snapshot(table, job, batch_id, query_id)
     if existing is not None:
         log.info("%s batch %s already committed as snapshot %s", job, batch_id, existing)
         return existing
     stamp = {SUMMARY_BARRIER: str(barrier), SUMMARY_JOB: job, SUMMARY_BATCH: str(batch_id)}
+    if query_id is not None:
+        stamp[SUMMARY_QUERY] = query_id
     folder = f"{table.location()}/data/batch-{_safe(job)}-{batch_id}-{uuid.uuid4().hex}"
 
     rows = spark_df.select(*_check_columns(spark_df, table))
@@ -418,9 +487,8 @@ def commit_batch(
 
     def should_stop() -> int | None:
         # Another driver running the same batch (a zombie after failover) may have
-        # won the race; re-checked before every retry of ours (pyiceberg's own
-        # in-commit retries of a stale fast append do not check this).
-        done = find_batch_snapshot(table, job, batch_id)
+        # won the race; re-checked on the refreshed table before every retry of ours.
+        done = find_batch_snapshot(table, job, batch_id, query_id)
         if done is not None:
             _delete_folder(folder)  # our attempts did not land: nothing references it
         return done
@@ -467,6 +535,21 @@ def _check_columns(df: DataFrame, table: Table) -> list[str]:
             f"not in the table {sorted(extra)}, missing from the batch {sorted(missing)}"
         )
     return columns
+
+
+def _turn_off_pyiceberg_retries(table: Table) -> None:
+    """Make pyiceberg fail a commit whose base is stale instead of retrying it itself.
+
+    pyiceberg's retry (``Transaction.commit_transaction``) re-applies a fast append on
+    the refreshed table without asking whether the batch landed meanwhile, so two
+    drivers committing one batch would both succeed. Our own loop (`_with_retries`)
+    checks that first. Tables made by `ensure_table` have the property already; others
+    get it once, in a commit of their own (which leaves `table` current).
+    """
+    if table.properties.get(TableProperties.COMMIT_NUM_RETRIES) == "0":
+        return
+    with table.transaction() as txn:
+        txn.set_properties({TableProperties.COMMIT_NUM_RETRIES: "0"})
 
 
 def _with_retries(

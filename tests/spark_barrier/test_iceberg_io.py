@@ -376,18 +376,10 @@ def _other_writer_appends(
     return append
 
 
-def _disable_pyiceberg_retries(table: Table) -> None:
-    # pyiceberg retries stale-metadata commits itself; turning that off makes the
-    # race reach commit_batch's own retry loop.
-    with table.transaction() as txn:
-        txn.set_properties({"commit.retry.num-retries": "0"})
-
-
 def test_append_retries_after_a_concurrent_commit(
     spark: SparkSession, catalog: Catalog, concurrent_commit: list[Any]
 ) -> None:
     table = _kv_table(catalog)
-    _disable_pyiceberg_retries(table)
     concurrent_commit.append(_other_writer_appends(catalog, [(99, "other")]))
 
     sid = _commit(_kv(spark, [(1, "a")]), table, 1)
@@ -419,7 +411,6 @@ def test_commit_gives_up_after_bounded_attempts(
     spark: SparkSession, catalog: Catalog, concurrent_commit: list[Any]
 ) -> None:
     table = _kv_table(catalog)
-    _disable_pyiceberg_retries(table)
     concurrent_commit.extend(_other_writer_appends(catalog, [(i, "x")]) for i in range(2))
 
     with pytest.raises(CommitFailedException):
@@ -434,8 +425,7 @@ def test_commit_gives_up_after_bounded_attempts(
 def test_retry_stops_when_another_driver_committed_the_batch(
     spark: SparkSession, catalog: Catalog, concurrent_commit: list[Any]
 ) -> None:
-    table = _kv_table(catalog)
-    _disable_pyiceberg_retries(table)
+    table = _kv_table(catalog)  # ensure_table turns pyiceberg's own commit retries off
     stamp = {SUMMARY_BARRIER: "1000", SUMMARY_JOB: "job", SUMMARY_BATCH: "1"}
     concurrent_commit.append(_other_writer_appends(catalog, [(1, "a")], stamp))
 
