@@ -9,9 +9,12 @@ floor, so a slot the job may still use is never treated as complete by a reader.
 When a batch cannot get its barrier from the service within ``offline_after_s``,
 the job gives it one itself: the current slot of its clock (corrected by the offset
 the grants taught it), never below the floor nor below an earlier batch's barrier.
-The claim goes into the durable outbox *before* the batch is committed to Iceberg,
-so a replayed batch finds the same barrier, and the outbox later delivers claims
-and commit reports in order. The job reports in again only once every claim (and
+The claim goes into the durable outbox, and is fsynced whatever the outbox's fsync
+mode, *before* the batch is committed to Iceberg: a batch whose claim could be lost
+(``fsync="interval"`` and a machine crash) would be replayed as committed while the
+MetaService never heard of its barrier, and its commit report would be refused; the
+job would also promise a floor above it on restart. So a replayed batch finds the
+same barrier, and the outbox later delivers claims and commit reports in order. The job reports in again only once every claim (and
 release) has been delivered: reporting in earlier could let the frontier pass a
 barrier that is still on its way.
 
@@ -60,8 +63,13 @@ class GrantState:
     interval_ms: int
 
 
-def claim_record(job: str, batch_id: int, barrier: int) -> dict[str, Any]:
-    return {"kind": CLAIM, "job": job, "batch_id": batch_id, "barrier": barrier}
+def claim_record(
+    job: str, batch_id: int, barrier: int, query_id: str | None = None
+) -> dict[str, Any]:
+    record = {"kind": CLAIM, "job": job, "batch_id": batch_id, "barrier": barrier}
+    if query_id is not None:
+        record["query_id"] = query_id
+    return record
 
 
 def release_record(job: str) -> dict[str, Any]:
@@ -106,10 +114,13 @@ class OfflineBarriers:
         self._thread.start()
 
     # -- what the sink asks ---------------------------------------------------------
-    def barrier_for(self, batch_id: int, patience_s: float = 300.0) -> int:
+    def barrier_for(
+        self, batch_id: int, patience_s: float = 300.0, query_id: str | None = None
+    ) -> int:
         """The barrier of a source batch: the one already claimed for it, the
         MetaService's answer, or, when the service stays unreachable for
-        ``offline_after_s`` and the job holds a grant, one of its own."""
+        ``offline_after_s`` and the job holds a grant, one of its own.
+        ``query_id``: the Spark query running the batch, sent with the request or claim."""
         with self._lock:
             known = self._claims.get(batch_id)
         if known is not None:
@@ -117,14 +128,17 @@ class OfflineBarriers:
         if not self.controls_pending():
             wait = self.offline_after_s if self.granted else patience_s
             try:
-                answer = _retry(lambda: self.client.batch_barrier(self.job, batch_id), wait)
+                answer = _retry(
+                    lambda: self.client.batch_barrier(self.job, batch_id, query_id=query_id),
+                    wait,
+                )
             except Unavailable as exc:
                 if not self.granted:
                     raise self._no_grant() from exc
             else:
                 self.observe(answer.barrier)
                 return answer.barrier
-        return self.claim(batch_id)
+        return self.claim(batch_id, query_id)
 
     def observe(self, barrier: int) -> None:
         """A barrier the job used: later batches never get an earlier one."""
@@ -133,8 +147,8 @@ class OfflineBarriers:
                 self._state.floor = barrier
                 _save(self._state_path, self._state)
 
-    def claim(self, batch_id: int) -> int:
-        """Give ``batch_id`` a barrier of the job's own, recorded in the outbox first."""
+    def claim(self, batch_id: int, query_id: str | None = None) -> int:
+        """Give ``batch_id`` a barrier of the job's own, on disk in the outbox first."""
         with self._lock:
             if batch_id in self._claims:
                 return self._claims[batch_id]
@@ -142,9 +156,12 @@ class OfflineBarriers:
                 raise self._no_grant()
             barrier = max(self._state.floor, self._clock_slot())
             self._control_seq = self.outbox.append(
-                claim_record(self.job, batch_id, barrier),
+                claim_record(self.job, batch_id, barrier, query_id),
                 reserve_bytes=COMMIT_REPORTS_RESERVE_BYTES,
             )
+            # Durable before the batch commits, whatever the outbox's fsync mode (see
+            # the module docstring); offline batches are rare, so is this fsync.
+            self.outbox.sync()
             self._claims[batch_id] = barrier
             self._state.floor = barrier
             _save(self._state_path, self._state)

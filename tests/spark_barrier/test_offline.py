@@ -19,7 +19,7 @@ from metaservice.clock import ManualClock
 from metaservice.migrate import upgrade
 from metaservice.settings import Settings
 from spark_barrier.offline import COMMIT_REPORTS_RESERVE_BYTES, NoOfflineGrant, OfflineBarriers
-from spark_barrier.outbox import OutboxFullError
+from spark_barrier.outbox import HEADER_BYTES, OutboxFullError, decode_frame_header
 from spark_barrier.report import OutboxReporter
 
 T0 = 1_700_000_000_000
@@ -284,4 +284,49 @@ def test_a_refused_token_holds_reports_back_and_one_bad_report_drops_no_other(
     rig.net.refuse_with = None
     assert reporter.flush(10)
     assert rig.snapshots("ods.orders") == list(enumerate(barriers))
+    reporter.close()
+
+
+def machine_crash(directory: Path, durable_seq: int) -> None:
+    """What a machine crash leaves of an outbox: the records fsynced, nothing after."""
+    for segment in sorted(directory.glob("*.wal")):
+        data = segment.read_bytes()
+        offset = 0
+        while offset + HEADER_BYTES <= len(data):
+            length, _crc, seq = decode_frame_header(data[offset : offset + HEADER_BYTES])
+            if seq > durable_seq:
+                break
+            offset += HEADER_BYTES + length
+        segment.write_bytes(data[:offset])
+
+
+def test_a_replayed_batch_is_reported_after_a_crash_with_interval_fsync(rig: Rig) -> None:
+    rig.state.mkdir()
+    lazy = {"fsync": "interval", "fsync_interval_s": 3600}  # nothing fsynced in the background
+    offline, reporter = rig.job(**lazy)
+    offline.report_in()
+    b0 = offline.barrier_for(0)
+    commit(reporter, 0, b0)
+    assert reporter.flush(5)
+
+    rig.net.down = True
+    rig.clock.advance(2 * SLOT)
+    b1 = offline.barrier_for(1)  # claimed offline; then committed to Iceberg
+    commit(reporter, 1, b1)
+    durable = reporter.outbox.durable_seq
+    offline.close(release=False)  # the machine dies: nothing more reaches the disk
+    reporter.close()
+    machine_crash(rig.state / "outbox", durable)
+
+    rig.clock.advance(5 * SLOT)
+    rig.net.down = False
+    offline, reporter = rig.job(**lazy)
+    offline.report_in()  # as register() does when the driver starts again
+    # Spark replays batch 1; its snapshot is committed, so the sink reports its stamp.
+    commit(reporter, 1, b1)
+    assert reporter.flush(10)
+    assert rig.snapshots("ods.orders") == [(0, b0), (1, b1)]
+    assert offline.report_in()
+    assert rig.frontier("ods.orders") >= b1
+    offline.close()
     reporter.close()
