@@ -7,6 +7,7 @@ job.start(job.source("ods.orders"), job.sink())
 """
 
 from spark_barrier.job import (
+    BarrierBatchError,
     BarrierConfigError,
     BarrierJob,
     BarrierSink,
@@ -18,6 +19,7 @@ from spark_barrier.reads import ConsistentRead, read_at_barrier, read_consistent
 from spark_barrier.spark_session import local_spark_builder
 
 __all__ = [
+    "BarrierBatchError",
     "BarrierConfigError",
     "BarrierJob",
     "BarrierSink",

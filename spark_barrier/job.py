@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from pyspark.sql.types import StructType
 from metaservice.barriers.schemas import BatchBarrier
 from metaservice.client import ApiError, ConflictError, MetaServiceClient, Unavailable
 from metaservice.settings import Settings
+from metaservice.versions.schemas import ConsistentVersion
 from spark_barrier.faults import crash_point
 from spark_barrier.iceberg_io import (
     Mode,
@@ -36,7 +37,9 @@ from spark_barrier.iceberg_io import (
     ensure_table,
     find_batch_commit,
     open_catalog,
+    read_snapshot,
 )
+from spark_barrier.jvm import PlanUnavailable, planned_scans, running_query_id
 from spark_barrier.listener import BarrierListener
 from spark_barrier.offline import OfflineBarriers
 from spark_barrier.reads import read_at_barrier
@@ -50,6 +53,19 @@ class BarrierConfigError(Exception):
     """The job cannot run as configured; the message says what to change."""
 
 
+class BarrierBatchError(Exception):
+    """A batch cannot run as Spark planned it; nothing of it was committed. Raised from
+    ``foreachBatch``, it stops the query; the message says what happened and what to do.
+
+    ``code``: the MetaService's reason when it refused the batch (``query_reset``,
+    ``batch_plan_mismatch``, ``batch_abandoned``...), else a reason of the sink's own.
+    """
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 @dataclass
 class BatchContext:
     """What a transform knows about the batch it runs in."""
@@ -58,10 +74,25 @@ class BatchContext:
     batch_id: int
     barrier: int
     start_barrier: int | None
+    leases: list[str] = field(default_factory=list)  # taken by read(), released after the batch
 
     def read(self, table: str) -> DataFrame:
-        """``table`` as of this batch's barrier (lookup joins at the same version)."""
-        return self.job.read_at(table, self.barrier)
+        """``table`` as of this batch's barrier, for lookup joins at the same version.
+
+        Only a declared input or lookup table (``register(..., lookups=[...])``) of a
+        derived job. Waits (up to the job's ``patience_s``) until the table is exact at
+        the barrier, and keeps the snapshot read from expiry (a lease) until the batch
+        has committed.
+
+        >>> def enrich(orders, ctx):  # doctest: +SKIP
+        ...     return orders.join(ctx.read("ods.items"), "item_id")
+        """
+        return self.job.read_in_batch(self, table)
+
+    def release(self) -> None:
+        """Give back what :meth:`read` kept in use (the sink calls it when the batch ends)."""
+        while self.leases:
+            self.job.release_lease(self.leases.pop())
 
 
 Transform = Callable[[DataFrame, BatchContext], DataFrame]
@@ -83,6 +114,8 @@ class BarrierJob:
         reporter: Reporter,
         offline: OfflineBarriers | None = None,
         patience_s: float = 3600.0,
+        lookups: Sequence[str] = (),
+        read_lease_s: int = 3600,
     ) -> None:
         self.spark = spark
         self.client = client
@@ -95,16 +128,29 @@ class BarrierJob:
         self.reporter = reporter
         self.offline = offline  # source jobs with an outbox: barriers while the service is down
         self.patience_s = patience_s  # how long a batch waits for an unreachable service
+        self.lookups = list(lookups)  # read as of each batch's barrier, never streamed
+        self.read_lease_s = read_lease_s  # lease on what ctx.read reads; released after the batch
 
     def source(self, table: str) -> DataFrame:
         """A streaming DataFrame of ``table`` whose micro-batches end on the job's barriers."""
+        if table in self.lookups:
+            raise BarrierConfigError(
+                f"'{table}' is a lookup table of job '{self.name}': it is not streamed; "
+                f"read it with ctx.read('{table}') in the transform, or declare it in inputs="
+            )
         if table not in self.inputs:
             raise BarrierConfigError(
                 f"job '{self.name}' does not declare '{table}' as an input; "
                 f"add it to inputs= in register() (inputs now: {self.inputs})"
             )
+        options = {
+            **self.catalog_options,
+            "url": self.client.url,
+            "table": table,
+            "patience_s": str(self.patience_s),
+        }
         reader = self.spark.readStream.format(SOURCE_NAME).option("job", self.name)
-        for key, value in {**self.catalog_options, "url": self.client.url, "table": table}.items():
+        for key, value in options.items():
             reader = reader.option(key, value)
         return reader.load()
 
@@ -148,6 +194,64 @@ class BarrierJob:
     def read_at(self, table: str, barrier: int) -> DataFrame:
         return read_at_barrier(self.spark, self.catalog, table, barrier)
 
+    def read_in_batch(self, ctx: BatchContext, table: str) -> DataFrame:
+        """:meth:`BatchContext.read`: checks, waits for exactness, leases, reads."""
+        if not self.inputs:
+            raise BarrierConfigError(
+                f"job '{self.name}' is a source job: its batches run at the barrier clock's "
+                "current slot, at which no table is complete yet, so ctx.read has no exact "
+                f"version of '{table}' to give. Read tables with spark_barrier.read_consistent, "
+                "or read them in a derived job (declare them in inputs= or lookups=)"
+            )
+        if table not in self.inputs and table not in self.lookups:
+            raise BarrierConfigError(
+                f"job '{self.name}' reads '{table}' in a batch but does not declare it; add it "
+                f"to lookups= (or inputs=) in register(), so that the job's barriers wait for "
+                f"it (inputs: {self.inputs}, lookups: {self.lookups})"
+            )
+        version = self._exact_version(table, ctx.barrier)
+        if version.lease_id is not None:
+            ctx.leases.append(version.lease_id)
+        return read_snapshot(self.spark, self.table(table), version.snapshots.get(table))
+
+    def _exact_version(self, table: str, barrier: int) -> ConsistentVersion:
+        """The version of ``table`` exact at ``barrier``, leased; waits until there is one."""
+        deadline = time.monotonic() + self.patience_s
+        delay = 0.05
+        seen: int | None = None
+        while True:
+            try:
+                seen = self.client.consistent_version([table], at_or_before=barrier).barrier
+                if seen == barrier:
+                    leased = self.client.consistent_version(
+                        [table], at_or_before=barrier, lease_seconds=self.read_lease_s
+                    )
+                    if leased.barrier == barrier:
+                        return leased
+                    if leased.lease_id is not None:  # cannot happen: versions never go back
+                        self.release_lease(leased.lease_id)
+            except ConflictError:
+                pass  # no consistent version of the table yet
+            except Unavailable as exc:
+                log.debug("job %s waits for the MetaService to read %s: %s", self.name, table, exc)
+            if time.monotonic() + delay > deadline:
+                raise BarrierBatchError(
+                    f"job '{self.name}': '{table}' is not exact at barrier {barrier} after "
+                    f"{self.patience_s:.0f} s (its latest consistent version at or before it "
+                    f"is {seen}). The job that writes it must commit (or be advanced to) "
+                    "this barrier; declare it in lookups= so the job's barriers wait for it",
+                    code="not_exact",
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    def release_lease(self, lease_id: str) -> None:
+        try:
+            self.client.delete_lease(lease_id)
+        except (ApiError, Unavailable) as exc:
+            # It expires by itself after read_lease_s; only expiry waits longer.
+            log.warning("job %s could not release lease %s: %s", self.name, lease_id, exc)
+
     def close(self, timeout: float = 30.0) -> None:
         """Release the job's offline grant, deliver pending reports (waiting up to
         ``timeout``) and close the outbox. Call it once the job's queries have stopped."""
@@ -185,8 +289,9 @@ class BarrierSink:
 
     def _run_batch(self, df: DataFrame, batch_id: int) -> None:
         job = self.job
+        query_id = self._query_id(batch_id)
         iceberg = job.table(self.table)
-        done = find_batch_commit(iceberg, job.name, batch_id)
+        done = find_batch_commit(iceberg, job.name, batch_id, query_id)
         if done is not None:
             # A replayed batch: its snapshot (and the barrier stamped on it) is the truth.
             log.info(
@@ -195,43 +300,122 @@ class BarrierSink:
             )  # fmt: skip
             self._report(batch_id, done.barrier, done.snapshot_id)
             return
-        if job.offline is not None:
-            barrier, start = job.offline.barrier_for(batch_id), None
-        else:
-            answer = self._ask_barrier(batch_id)
-            if answer is None:
-                return
-            barrier, start = answer.barrier, answer.start_barrier
+        try:
+            if job.offline is not None:
+                barrier = job.offline.barrier_for(batch_id, query_id=query_id)
+                start = None
+            else:
+                plan = self._planned(batch_id, query_id) if job.inputs else None
+                if plan is not None and plan[0] == plan[1]:
+                    # Nothing to read (a new query's first batch ends at its start): no
+                    # barrier, no commit, no report.
+                    log.debug("%s batch %d is empty (%d, %d]", job.name, batch_id, *plan)
+                    return
+                answer = self._ask_barrier(batch_id, plan, query_id)
+                if answer is None:
+                    return
+                barrier, start = answer.barrier, answer.start_barrier
+        except ConflictError as exc:
+            raise _refused(job, batch_id, query_id, exc) from exc
         ctx = BatchContext(job, batch_id, barrier, start)
-        rows = self.transform(df, ctx) if self.transform else df
-        snapshot = commit_batch(
-            rows,
-            iceberg,
-            barrier=barrier,
-            job=job.name,
-            batch_id=batch_id,
-            mode=self.mode,
-            key_columns=self.key_columns,
-        )
+        try:
+            rows = self.transform(df, ctx) if self.transform else df
+            snapshot = commit_batch(
+                rows,
+                iceberg,
+                barrier=barrier,
+                job=job.name,
+                batch_id=batch_id,
+                mode=self.mode,
+                key_columns=self.key_columns,
+                query_id=query_id,
+            )
+        finally:
+            ctx.release()
         self._report(batch_id, barrier, snapshot)
 
-    def _ask_barrier(self, batch_id: int) -> BatchBarrier | None:
-        """The MetaService's barrier for the batch, waiting while it is unreachable;
-        None for the empty first batch Spark runs when a query starts."""
+    def _query_id(self, batch_id: int) -> str:
+        query_id = running_query_id(self.job.spark, self.job.name)
+        if query_id is None:
+            raise BarrierConfigError(
+                f"batch {batch_id} of job '{self.job.name}' runs outside a streaming query: "
+                "use the sink as the foreachBatch function of the job's query (job.start)"
+            )
+        return query_id
+
+    def _planned(self, batch_id: int, query_id: str) -> tuple[int, int]:
+        """The barriers ``(start, end]`` Spark planned for this batch: the same for every
+        barrier source of the job, or the batch is refused."""
         job = self.job
         try:
-            return retry(  # type: ignore[no-any-return]
-                lambda: job.client.batch_barrier(job.name, batch_id),
+            scans = planned_scans(job.spark, query_id, batch_id)
+        except PlanUnavailable as exc:
+            raise BarrierBatchError(
+                f"job '{job.name}' cannot tell which barriers Spark planned for batch "
+                f"{batch_id} ({exc}); nothing was committed",
+                code="plan_unavailable",
+            ) from exc
+        planned = {
+            scan.options.get("table", "?"): (scan.start, scan.end)
+            for scan in scans
+            if scan.source == SOURCE_NAME and scan.options.get("job") == job.name
+        }
+        if not planned:
+            raise BarrierConfigError(
+                f"the query of derived job '{job.name}' reads none of its inputs through "
+                "a barrier source: build its stream from job.source(table)"
+            )
+        ends = {
+            (int(start["barrier"]), int(end["barrier"]))
+            for start, end in planned.values()
+            if start is not None and end is not None
+        }
+        if len(ends) != 1 or any(None in pair for pair in planned.values()):
+            shown = ", ".join(
+                f"{t} ({_barrier_of(a)}, {_barrier_of(b)}]" for t, (a, b) in sorted(planned.items())
+            )
+            raise BarrierBatchError(
+                f"job '{job.name}' batch {batch_id}: its barrier sources planned different "
+                f"batches: {shown}. Every input of a batch must end at the same barrier, so "
+                "nothing was committed and the query stops. This happens when the "
+                "MetaService stayed unreachable for one source of a trigger while another "
+                f"got an answer. The batch is not committed: delete offsets/{batch_id} "
+                "from the query's checkpoint and restart the query, which plans the batch "
+                "again",
+                code="sources_disagree",
+            )
+        (plan,) = ends
+        return plan
+
+    def _ask_barrier(
+        self, batch_id: int, plan: tuple[int, int] | None, query_id: str
+    ) -> BatchBarrier | None:
+        """The MetaService's barrier for the batch Spark planned (``plan``: derived jobs),
+        waiting while it is unreachable; None when it says the batch is empty."""
+        job = self.job
+        start, end = plan if plan is not None else (None, None)
+        try:
+            answer: BatchBarrier = retry(
+                lambda: job.client.batch_barrier(
+                    job.name, batch_id, start=start, end=end, query_id=query_id
+                ),
                 job.patience_s,
                 "get a batch barrier",
             )
         except ConflictError as exc:
-            if exc.code != "no_barrier_ready":
+            if exc.code != "empty_range":
                 raise
-            # Spark runs a new query's first batch up to the initial offset, which is the
-            # barrier the job has already committed: an empty range, nothing to commit.
-            log.debug("%s batch %d ends at the committed barrier; skipped", job.name, batch_id)
+            log.debug("%s batch %d has nothing to read; skipped", job.name, batch_id)
             return None
+        if plan is not None and (answer.start_barrier, answer.barrier) != plan:
+            raise BarrierBatchError(
+                f"job '{job.name}' batch {batch_id}: Spark planned barriers ({start}, {end}] "
+                f"but the MetaService gave ({answer.start_barrier}, {answer.barrier}]; "
+                "nothing was committed. Check that the query runs from this job's own "
+                "checkpoint and that the MetaService is up to date",
+                code="batch_plan_mismatch",
+            )
+        return answer
 
     def _report(self, batch_id: int, barrier: int, snapshot: int | None) -> None:
         crash_point("after_commit", batch_id)
@@ -244,6 +428,40 @@ class BarrierSink:
                 "snapshot_id": snapshot,
             }
         )
+
+
+def _barrier_of(offset: Mapping[str, Any] | None) -> object:
+    return offset.get("barrier") if offset is not None else None
+
+
+def _refused(job: BarrierJob, batch_id: int, query_id: str, exc: ConflictError) -> Exception:
+    """The error that stops the query when the MetaService refuses a batch."""
+    if exc.code in ("query_reset", "batch_out_of_order"):
+        return BarrierBatchError(
+            f"job '{job.name}': batch {batch_id} comes from Spark query {query_id}, but the "
+            f"job's batches came from another query ({exc.message}). The query's checkpoint "
+            "was reset or deleted, or a new query was started under the job's name: Spark "
+            "numbers batches again from 0, and running them would skip or mis-stamp "
+            "batches. Nothing was committed and the query stops. Restart it from the job's "
+            "original checkpoint; to run it from a new checkpoint, make it a new job (a new "
+            "name, writing new tables) or delete the job first",
+            code=exc.code,
+        )
+    if exc.code == "batch_plan_mismatch":
+        return BarrierBatchError(
+            f"job '{job.name}' batch {batch_id}: the MetaService recorded other barriers "
+            f"for this batch than Spark planned ({exc.message}); nothing was committed and "
+            "the query stops. Check that the query runs from this job's own checkpoint",
+            code=exc.code,
+        )
+    if exc.code == "batch_abandoned":
+        return BarrierBatchError(
+            f"job '{job.name}' batch {batch_id} was abandoned by an operator ({exc.message}); "
+            "this driver must not commit it, and the query stops. Restart the job only "
+            "after checking why its batch was abandoned",
+            code=exc.code,
+        )
+    return exc
 
 
 # Sink calls in progress, by query name (a job's query is named after the job).
@@ -309,6 +527,7 @@ def register(
     job: str,
     inputs: Sequence[str] = (),
     outputs: Mapping[str, StructType | None] | Sequence[str],
+    lookups: Sequence[str] = (),
     description: str = "",
     catalog_uri: str | None = None,
     warehouse: str | None = None,
@@ -319,11 +538,17 @@ def register(
     outbox_options: Mapping[str, Any] | None = None,
     offline: bool = True,
     patience_s: float = 3600.0,
+    read_lease_s: int = 3600,
 ) -> BarrierJob:
     """Register ``job`` with the MetaService and make ``spark`` ready to run it.
 
+    ``inputs`` are streamed (``job.source(table)``); ``lookups`` are tables a derived
+    job only reads as of each batch's barrier (``ctx.read(table)`` in the transform).
+    Both are the job's inputs for the MetaService, so its barriers wait for both.
+
     Checks, failing fast with :class:`BarrierConfigError`: the MetaService answers,
-    every input table exists in the catalog, and no other job writes the outputs.
+    every input and lookup table exists in the catalog, and no other job writes the
+    outputs.
     Output tables given with a schema are created when missing. Registers the
     barrier data source and a listener reporting the query's progress.
 
@@ -336,6 +561,7 @@ def register(
     ``offline=False``: while the MetaService is unreachable its batches get barriers
     of their own and go on committing (see ``spark_barrier.offline``). Other batches
     wait up to ``patience_s`` for an unreachable MetaService before failing.
+    What ``ctx.read`` reads is leased for ``read_lease_s`` (released when its batch ends).
     """
     defaults = Settings()
     catalog_options = {
@@ -346,10 +572,13 @@ def register(
     _check_reachable(client)
     catalog = catalog or open_catalog(catalog_options["catalog_uri"], catalog_options["warehouse"])
     output_names = list(outputs)
-    _check_inputs(catalog, job, inputs)
+    _check_lookups(job, inputs, lookups)
+    _check_inputs(catalog, job, [*inputs, *lookups])
     _ensure_outputs(catalog, outputs)
     try:
-        client.put_job(job, inputs=inputs, outputs=output_names, description=description)
+        client.put_job(
+            job, inputs=[*inputs, *lookups], outputs=output_names, description=description
+        )
     except ConflictError as exc:
         raise BarrierConfigError(f"MetaService refused job '{job}': {exc.message}") from exc
     except ApiError as exc:
@@ -381,7 +610,23 @@ def register(
         reporter,
         offline=offline_barriers,
         patience_s=patience_s,
+        lookups=lookups,
+        read_lease_s=read_lease_s,
     )
+
+
+def _check_lookups(job: str, inputs: Sequence[str], lookups: Sequence[str]) -> None:
+    if lookups and not inputs:
+        raise BarrierConfigError(
+            f"job '{job}' declares lookups {list(lookups)} but no inputs: lookups are read "
+            "as of the barriers of a derived job's batches, which its streamed inputs drive"
+        )
+    both = sorted(set(inputs) & set(lookups))
+    if both:
+        raise BarrierConfigError(
+            f"job '{job}' declares {both} both as inputs and as lookups; an input is "
+            "streamed and can be read with ctx.read too, so declare it once"
+        )
 
 
 def _check_reachable(client: MetaServiceClient) -> None:

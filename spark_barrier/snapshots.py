@@ -22,13 +22,3 @@ def snapshot_at(table: Table, barrier: int) -> int | None:
         if stamp is not None and int(stamp) <= barrier:
             return snap.snapshot_id
     return None
-
-
-def appended_files(table: Table, after: int | None, upto: int | None) -> list[str]:
-    """Data files added by the snapshots in (after, upto] of an append-only table."""
-    if upto is None or upto == after:
-        return []
-    scan = table.incremental_append_scan(
-        from_snapshot_id_exclusive=after, to_snapshot_id_inclusive=upto
-    )
-    return [task.file.file_path for task in scan.plan_files()]

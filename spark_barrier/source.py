@@ -7,12 +7,19 @@
         .option("warehouse", "warehouse")
         .load()
 
-Every barrier source of one job reports the job's aligned target
-(``GET /jobs/{job}/next-barrier``) as its latest offset; the MetaService keeps
-that target fixed until the job commits it, so all inputs of a batch end at the
-same barrier. A batch from barrier ``a`` to ``b`` reads the data files added by
-the table's snapshots in (snapshot_at(a), snapshot_at(b)], one Spark partition
-per file, read on the executors with pyarrow.
+One end per batch: a batch's end is a function of its start. Every barrier source
+of a job asks for the end of the batch starting after its start offset ``a``
+(``GET /jobs/{job}/next-barrier?after=a&source=table``); the MetaService gives the
+same ``b`` for the same ``a`` once one is ready, and keeps a "not ready" answer
+until the same source asks again, so all inputs of a batch end at the same barrier.
+
+A batch ``(a, b]`` reads, per input, the snapshot range the MetaService maps those
+barriers to (``GET /jobs/{job}/ranges``; not the stamps on the table, which a late
+zombie commit could change): the data files added by the snapshots in
+``(from, to]``, refused with a clear error if the range replaces or deletes rows
+(``iceberg_io.NotAppendOnly``), or the table's full state at ``to`` when the start
+snapshot does not exist (a new reader, or a start that was expired since). One
+Spark partition per file, read on the executors with pyarrow.
 """
 
 from __future__ import annotations
@@ -23,12 +30,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadLimit
 from pyspark.sql.types import StructType
 
 log = logging.getLogger("spark_barrier.source")
 
 SOURCE_NAME = "metaservice_barrier"
 _REQUIRED = ("url", "job", "table", "catalog_uri", "warehouse")
+# How long latestOffset retries an unreachable MetaService before answering "no new
+# batch" (its start). Retrying first makes it unlikely that one source of a trigger
+# got an end while another could not ask; the sink refuses such a batch loudly.
+UNAVAILABLE_WAIT_S = 10.0
 
 
 @dataclass
@@ -81,10 +93,12 @@ class BarrierSource(DataSource):
 class BarrierStreamReader(DataSourceStreamReader):
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         self.options = options
+        self.job = options["job"]
+        self.table_name = options["table"]
+        self.patience_s = float(options.get("patience_s", "3600"))
         self.columns = [f.name for f in schema.fields]
         self._client: Any = None
         self._table: Any = None
-        self._latest: int | None = None  # the last offset reported, kept while offline
         self._unavailable_logged = False
 
     # Driver side: offsets are {"barrier": int}. ------------------------------
@@ -104,34 +118,60 @@ class BarrierStreamReader(DataSourceStreamReader):
 
     def initialOffset(self) -> dict[str, int]:
         # A new query starts where the job has committed up to (0 for a new job).
-        self._latest = self._ms().get_job(self.options["job"]).frontier
-        return {"barrier": self._latest}
+        from spark_barrier.report import retry
 
-    # The zero-argument form on purpose: every PySpark 4.x calls it (4.2+ also
-    # offers latestOffset(start, limit) for admission control, which we don't need).
-    def latestOffset(self) -> dict[str, int]:  # type: ignore[override]
+        job = retry(lambda: self._ms().get_job(self.job), self.patience_s, "read the job")
+        return {"barrier": job.frontier}
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        """The end of the batch starting after ``start`` (``start`` itself: no batch yet).
+
+        Admission control (PySpark >= 4.2): Spark passes the start, so the end asked
+        for is the one of this batch, not whatever the job's target is by now.
+        """
         from metaservice.client import Unavailable
+        from spark_barrier.report import retry
 
+        after = int(start["barrier"])
         try:
-            self._latest = self._ms().next_barrier(self.options["job"]).barrier
+            answer = retry(
+                lambda: self._ms().next_barrier(self.job, after=after, source=self.table_name),
+                UNAVAILABLE_WAIT_S,
+                f"ask the next barrier of job {self.job}",
+            )
         except Unavailable as exc:
-            # No new target without the MetaService: no new batch until it is back.
-            if self._latest is None:
-                raise
+            # No new end without the MetaService: no new batch until it is back.
             if not self._unavailable_logged:
-                log.warning("job %s waits for the MetaService: %s", self.options["job"], exc)
+                log.warning("job %s waits for the MetaService: %s", self.job, exc)
                 self._unavailable_logged = True
-            return {"barrier": self._latest}
+            return {"barrier": after}
         self._unavailable_logged = False
-        return {"barrier": self._latest}
+        if answer.barrier < after:
+            raise RuntimeError(
+                f"the MetaService answered barrier {answer.barrier} for job {self.job}'s "
+                f"batch after {after}: barriers never go back"
+            )
+        return {"barrier": answer.barrier}
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
-        from spark_barrier.snapshots import appended_files, snapshot_at
+        from spark_barrier.iceberg_io import range_file_paths
+        from spark_barrier.report import retry
 
-        table = self._iceberg()
-        after = snapshot_at(table, int(start["barrier"]))
-        upto = snapshot_at(table, int(end["barrier"]))
-        files = appended_files(table, after, upto)
+        after, upto = int(start["barrier"]), int(end["barrier"])
+        if after == upto:
+            return [FilePartition(None)]
+        ranges = retry(
+            lambda: self._ms().input_ranges(self.job, after=after, to=upto),
+            self.patience_s,
+            f"read job {self.job}'s input ranges",
+        )
+        mine = [r for r in ranges if r.table == self.table_name]
+        if len(mine) != 1:
+            raise RuntimeError(
+                f"the MetaService gave job {self.job} no range of '{self.table_name}' for "
+                f"barriers ({after}, {upto}]: is it still an input of the job?"
+            )
+        files = range_file_paths(self._iceberg(), mine[0].from_snapshot, mine[0].to_snapshot)
         return [FilePartition(path) for path in files] or [FilePartition(None)]
 
     def commit(self, end: dict[str, int]) -> None:

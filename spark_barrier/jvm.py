@@ -1,0 +1,107 @@
+"""What the sink reads from Spark's JVM through Py4J, and nothing else does.
+
+Inside ``foreachBatch`` the sink needs two facts the Python API does not give it:
+
+- the streaming query running the batch (its ``id``: stable across restarts from one
+  checkpoint, new for a new checkpoint), from the local property Spark sets on the
+  query's thread, or else the active query named after the job;
+- the offsets Spark planned for the batch, per barrier source. The DataFrame handed
+  to ``foreachBatch`` is a ``LogicalRDD`` that has lost them, but the query's current
+  ``IncrementalExecution`` still holds its plan, whose
+  ``StreamingDataSourceV2ScanRelation`` leaves carry ``startOffset``/``endOffset``
+  and the source's options.
+
+Everything here is best read as "what Spark 4.x does today": a change of these
+internals raises :class:`PlanUnavailable` with the reason, never a wrong answer.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+# StreamExecution.QUERY_ID_KEY: set on the query's thread, which runs foreachBatch.
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+_SCAN_RELATION = "StreamingDataSourceV2ScanRelation"
+
+
+class PlanUnavailable(RuntimeError):
+    """Spark's plan of the running batch could not be read."""
+
+
+@dataclass(frozen=True)
+class PlannedScan:
+    """One streaming source of a batch as Spark planned it."""
+
+    source: str  # the data source's name, e.g. "metaservice_barrier"
+    options: dict[str, str]
+    start: dict[str, Any] | None  # the offsets, as the source returned them
+    end: dict[str, Any] | None
+
+
+def running_query_id(spark: SparkSession, query_name: str | None = None) -> str | None:
+    """The id of the streaming query whose ``foreachBatch`` call runs on this thread,
+    else of the active query named ``query_name``; None when there is none."""
+    query_id = spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
+    if query_id:
+        return str(query_id)
+    if query_name:
+        for query in spark.streams.active:
+            if query.name == query_name:
+                return str(query.id)
+    return None
+
+
+def planned_scans(spark: SparkSession, query_id: str, batch_id: int) -> list[PlannedScan]:
+    """The streaming sources of batch ``batch_id`` of query ``query_id``, with the
+    offsets Spark planned for them (call it from the query's ``foreachBatch``)."""
+    query = spark.streams.get(query_id)
+    if query is None:
+        raise PlanUnavailable(f"no active streaming query has id {query_id}")
+    try:
+        execution = query._jsq.streamingQuery().lastExecution()
+        if execution is None:
+            raise PlanUnavailable(f"query {query_id} has not planned a batch yet")
+        planned_batch = int(execution.currentBatchId())
+        if planned_batch != batch_id:
+            raise PlanUnavailable(
+                f"query {query_id} is planning batch {planned_batch}, not batch {batch_id}"
+            )
+        return [_scan(leaf) for leaf in _leaves(execution.logical()) if _is_scan(leaf)]
+    except PlanUnavailable:
+        raise
+    except Exception as exc:  # Py4J errors: Spark's internals are not what we expect
+        raise PlanUnavailable(f"cannot read the plan of query {query_id}: {exc}") from exc
+
+
+def _leaves(plan: Any) -> list[Any]:
+    leaves = []
+    iterator = plan.collectLeaves().iterator()
+    while iterator.hasNext():
+        leaves.append(iterator.next())
+    return leaves
+
+
+def _is_scan(leaf: Any) -> bool:
+    return bool(leaf.getClass().getSimpleName() == _SCAN_RELATION)
+
+
+def _scan(leaf: Any) -> PlannedScan:
+    relation = leaf.relation()
+    options = {str(k): str(v) for k, v in dict(relation.options().asCaseSensitiveMap()).items()}
+    return PlannedScan(
+        source=str(relation.table().name()),
+        options=options,
+        start=_offset(leaf.startOffset()),
+        end=_offset(leaf.endOffset()),
+    )
+
+
+def _offset(option: Any) -> dict[str, Any] | None:
+    if not option.isDefined():
+        return None
+    parsed = json.loads(option.get().json())
+    return parsed if isinstance(parsed, dict) else {"value": parsed}

@@ -1,0 +1,129 @@
+"""BatchContext.read: only declared inputs and lookups, never in a source job, once the
+table is exact at the batch's barrier, kept from expiry while the batch runs.
+
+The service runs in-process (manual clock); no Spark is needed for these checks
+(reading the snapshot itself is covered by the Spark lookup test in
+test_consistency.py).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from metaservice.app import create_app
+from metaservice.client import MetaServiceClient, NotFoundError
+from metaservice.clock import ManualClock
+from metaservice.migrate import upgrade
+from metaservice.settings import Settings
+from spark_barrier import BarrierBatchError, BarrierConfigError, BarrierJob, BatchContext
+
+T0 = 1_700_000_000_000
+SLOT = 1000
+
+
+class InProcess(httpx.BaseTransport):
+    """The TestClient's transport as an httpx one (it answers with httpx2 streams)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = self.inner.handle_request(request)
+        body = response.read()
+        return httpx.Response(response.status_code, headers=response.headers, content=body)
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[tuple[MetaServiceClient, ManualClock]]:
+    db_url = f"sqlite:///{tmp_path / 'ms.db'}"
+    upgrade(db_url)
+    clock = ManualClock(T0)
+    with TestClient(create_app(Settings(db_url=db_url), clock)) as app:
+        client = MetaServiceClient("http://testserver", transport=InProcess(app._transport))
+        client.put_job("src_orders", outputs=["ods.orders"])
+        client.put_job("src_items", outputs=["ods.items"])
+        client.put_job("enrich", inputs=["ods.orders", "ods.items"], outputs=["dw.detail"])
+        yield client, clock
+        client.close()
+
+
+def job(client: MetaServiceClient, tmp_path: Path, **kwargs: Any) -> BarrierJob:
+    settings: dict[str, Any] = {
+        "name": "enrich",
+        "inputs": ["ods.orders"],
+        "outputs": ["dw.detail"],
+        "lookups": ["ods.items"],
+        **kwargs,
+    }
+    return BarrierJob(
+        spark=None,  # type: ignore[arg-type]
+        client=client,
+        catalog=None,  # type: ignore[arg-type]
+        catalog_options={},
+        state_dir=tmp_path,
+        reporter=None,  # type: ignore[arg-type]
+        **settings,
+    )
+
+
+def test_a_table_the_job_does_not_declare_is_refused(service: Any, tmp_path: Path) -> None:
+    client, _ = service
+    ctx = BatchContext(job(client, tmp_path), batch_id=3, barrier=T0, start_barrier=0)
+    with pytest.raises(BarrierConfigError, match=r"does not declare it; add it\s+to lookups="):
+        ctx.read("ods.customers")
+
+
+def test_a_source_job_cannot_read_at_its_barrier(service: Any, tmp_path: Path) -> None:
+    client, _ = service
+    source = job(client, tmp_path, name="src_orders", inputs=[], lookups=[])
+    ctx = BatchContext(source, batch_id=0, barrier=T0, start_barrier=None)
+    with pytest.raises(BarrierConfigError, match="is a source job"):
+        ctx.read("ods.items")
+
+
+def test_read_waits_until_the_lookup_is_exact_at_the_barrier_and_leases_it(
+    service: Any, tmp_path: Path
+) -> None:
+    client, clock = service
+    enrich = job(client, tmp_path, patience_s=20)
+    barrier = client.batch_barrier("src_items", 0).barrier  # open: items not final there yet
+
+    def commit_later() -> None:
+        time.sleep(0.4)
+        client.report_commit("src_items", 0, barrier, "ods.items", 42)
+        clock.advance(2 * SLOT)
+
+    writer = threading.Thread(target=commit_later)
+    started = time.monotonic()
+    writer.start()
+    version = enrich._exact_version("ods.items", barrier)
+    writer.join()
+    assert time.monotonic() - started >= 0.4
+    assert version.barrier == barrier and version.snapshots == {"ods.items": 42}
+    assert version.lease_id is not None
+    kept = client.expirable("ods.items").kept
+    assert any(f"lease {version.lease_id} " in " ".join(k.reasons) for k in kept)
+
+    ctx = BatchContext(enrich, batch_id=0, barrier=barrier, start_barrier=0)
+    ctx.leases.append(version.lease_id)
+    ctx.release()  # the sink does this when the batch ends
+    assert ctx.leases == []
+    with pytest.raises(NotFoundError):
+        client.delete_lease(version.lease_id)
+
+
+def test_read_gives_up_when_the_lookup_never_gets_exact(service: Any, tmp_path: Path) -> None:
+    client, _ = service
+    enrich = job(client, tmp_path, patience_s=0.5)
+    barrier = client.batch_barrier("src_items", 0).barrier  # never committed
+    with pytest.raises(BarrierBatchError, match=r"'ods.items' is not exact at barrier") as error:
+        enrich._exact_version("ods.items", barrier)
+    assert error.value.code == "not_exact"
