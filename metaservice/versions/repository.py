@@ -15,8 +15,10 @@ def lock_tables(session: Session, table_ids: Sequence[int], *, exclusive: bool) 
 
     G5's lock: granting a lease takes them shared (leases never wait for each other),
     reserving an expiry takes its table exclusive, so each sees what the other committed
-    (PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises writers). Id order: two
-    requests locking overlapping sets never deadlock.
+    (PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises writers). Exclusive is
+    FOR NO KEY UPDATE: commit reports, whose foreign keys take FOR KEY SHARE on the
+    table, never wait for a reservation. Id order: two requests locking overlapping
+    sets never deadlock.
     """
     if not table_ids:
         return []
@@ -25,7 +27,7 @@ def lock_tables(session: Session, table_ids: Sequence[int], *, exclusive: bool) 
             select(Table)
             .where(Table.id.in_(sorted(set(table_ids))))
             .order_by(Table.id)
-            .with_for_update(read=not exclusive)
+            .with_for_update(read=not exclusive, key_share=exclusive)
             .execution_options(populate_existing=True)
         ).scalars()
     )

@@ -306,6 +306,28 @@ def test_a_lease_asked_while_a_reservation_runs_waits_and_is_refused_409_expired
     assert _lease(client, ["ods.s"], bs[3]).snapshots == {"ods.s": 13}
 
 
+def test_commit_reports_do_not_wait_for_a_reservation_on_postgresql(client, clock, db_url):
+    """The reservation's lock (FOR NO KEY UPDATE) leaves commits' foreign keys alone;
+    SQLite serialises every write anyway."""
+    if db_url.startswith("sqlite"):
+        pytest.skip("SQLite serialises all writers")
+    _s6(client, clock)
+    s = _services(client)
+    held = barrier(client, "s", 4)["barrier"]
+    reserve_thread, release, reserved = _paused(
+        client, lambda session: lifecycle.reserve_expiry(session, s.ctx, "ods.s")
+    )
+    commit_thread, committed = _in_thread(lambda: commit(client, "s", 4, held, "ods.s", 14))
+    commit_thread.join(10)
+    finished = not commit_thread.is_alive()
+    release.set()
+    reserve_thread.join(30)
+    commit_thread.join(30)
+    assert finished, "the commit report waited for the reservation"
+    assert committed[0]["status"] == "recorded", committed
+    assert _ids(reserved[0].expirable) == [10, 11, 12]
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_leases_and_reservations_from_many_threads_never_share_a_snapshot(client, clock, seed):
     """Rounds of new snapshots, then leases of a few seconds at random barriers and
