@@ -23,11 +23,6 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8765
     barrier_interval_ms: int = Field(1000, gt=0, description="Width of one barrier-clock slot.")
-    catchup_window_slots: int = Field(
-        64,
-        gt=0,
-        description="A lagging derived job catches up at most this many slots per batch.",
-    )
     retain_last_snapshots: int = Field(
         1, ge=1, description="Retention policy: the newest N snapshots of a table are kept."
     )
