@@ -411,17 +411,15 @@ def advance_idle(session: Session, ctx: Context, job: Job) -> bool:
     and its next target, its outputs are already exact there (G2: an idle job never
     holds readers back). Recorded as a committed batch of the MetaService's own.
 
-    Not while a batch is open or planned (Spark may be running it). Locks the job;
-    its upstream derived jobs are advanced first, through ``_choose_target``.
+    A batch of the job that is planned or open (a driver that stopped, or one still
+    running it) starts at or after the frontier, so it reads nothing either: when it
+    commits, it makes no snapshot and the frontier keeps the larger barrier. So
+    neither holds the advance back. Locks the job; its upstream derived jobs are
+    advanced first, through ``_choose_target``.
     """
     if job.kind != DERIVED:
         return False
     job = repo.lock_job(session, job.id)
-    if repo.open_batch(session, job.id) is not None:
-        return False
-    plan = repo.get_plan(session, job.id, job.frontier)
-    if plan is not None and plan.barrier is not None:
-        return False
     target = _choose_target(session, ctx, job, job.frontier)
     if target is None:
         return False
@@ -468,8 +466,6 @@ def could_advance(session: Session, ctx: Context, jobs: Sequence[Job]) -> bool:
         if job.kind != DERIVED or job.id in seen:
             return False
         seen.add(job.id)
-        if repo.open_batch(session, job.id) is not None:
-            return False
         inputs = topo.input_tables(session, job.id)
         writers = topo.jobs_by_ids(session, [t.writer_id for t in inputs if t.writer_id])
         if not inputs or len(writers) < len({t.writer_id for t in inputs}):

@@ -350,3 +350,23 @@ def test_deleting_a_job_forgets_its_plans_and_batch_inputs(client, clock, db_url
     # Registered again under the same name, it starts from scratch.
     put_job(client, "d", ["dw.out"], inputs=["ods.a", "ods.b"])
     assert next_barrier(client, "d", after=0, source="ods.a")["start_barrier"] == 0
+
+
+def test_a_planned_or_open_batch_of_a_stopped_job_does_not_stop_its_advance(client, clock):
+    put_job(client, "s", ["ods.s"])
+    put_job(client, "d", ["dw.d"], inputs=["ods.s"])
+    run_batch(client, "s", 0, {"ods.s": 1})
+    clock.advance(2 * SLOT)
+    b0 = next_barrier(client, "d", after=0, source="ods.s")["barrier"]
+    ask(client, "d", 0, start=0, end=b0)
+    commit(client, "d", 0, b0, "dw.d", 10)
+    clock.advance(3 * SLOT)
+    b1 = next_barrier(client, "d", after=b0, source="ods.s")["barrier"]
+    ask(client, "d", 1, start=b0, end=b1)  # the driver stops with batch 1 open
+    clock.advance(100 * SLOT)
+    version = consistent(client, "ods.s,dw.d").json()
+    assert version["barrier"] > b1 and version["snapshots"] == {"ods.s": 1, "dw.d": 10}
+    # The restarted driver replays batch 1: it read nothing, and commits nothing.
+    commit(client, "d", 1, b1, "dw.d", None)
+    assert get_json(client, "/jobs/d")["frontier"] >= version["barrier"]
+    assert consistent(client, "ods.s,dw.d").json()["barrier"] >= version["barrier"]
