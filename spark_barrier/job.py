@@ -82,7 +82,8 @@ class BatchContext:
         Only a declared input or lookup table (``register(..., lookups=[...])``) of a
         derived job. Waits (up to the job's ``patience_s``) until the table is exact at
         the barrier, and keeps the snapshot read from expiry (a lease) until the batch
-        has committed.
+        has committed. An output of the job itself reads as before this batch (at its
+        start barrier, where the job committed last): running totals and the like.
 
         >>> def enrich(orders, ctx):  # doctest: +SKIP
         ...     return orders.join(ctx.read("ods.items"), "item_id")
@@ -196,6 +197,20 @@ class BarrierJob:
 
     def read_in_batch(self, ctx: BatchContext, table: str) -> DataFrame:
         """:meth:`BatchContext.read`: checks, waits for exactness, leases, reads."""
+        version = self.version_in_batch(ctx, table)
+        if version is None:
+            return read_snapshot(self.spark, self.table(table), None)
+        if version.lease_id is not None:
+            ctx.leases.append(version.lease_id)
+        return read_snapshot(self.spark, self.table(table), version.snapshots.get(table))
+
+    def version_in_batch(self, ctx: BatchContext, table: str) -> ConsistentVersion | None:
+        """The leased version :meth:`BatchContext.read` reads ``table`` at (None: empty).
+
+        A declared input or lookup: exact at the batch's barrier. An output of the job
+        itself: its state before this batch, i.e. at the batch's start, where the job
+        committed last (None before its first batch).
+        """
         if not self.inputs:
             raise BarrierConfigError(
                 f"job '{self.name}' is a source job: its batches run at the barrier clock's "
@@ -203,16 +218,17 @@ class BarrierJob:
                 f"version of '{table}' to give. Read tables with spark_barrier.read_consistent, "
                 "or read them in a derived job (declare them in inputs= or lookups=)"
             )
+        if table in self.outputs:
+            if not ctx.start_barrier:
+                return None
+            return self._exact_version(table, ctx.start_barrier)
         if table not in self.inputs and table not in self.lookups:
             raise BarrierConfigError(
                 f"job '{self.name}' reads '{table}' in a batch but does not declare it; add it "
                 f"to lookups= (or inputs=) in register(), so that the job's barriers wait for "
                 f"it (inputs: {self.inputs}, lookups: {self.lookups})"
             )
-        version = self._exact_version(table, ctx.barrier)
-        if version.lease_id is not None:
-            ctx.leases.append(version.lease_id)
-        return read_snapshot(self.spark, self.table(table), version.snapshots.get(table))
+        return self._exact_version(table, ctx.barrier)
 
     def _exact_version(self, table: str, barrier: int) -> ConsistentVersion:
         """The version of ``table`` exact at ``barrier``, leased; waits until there is one."""

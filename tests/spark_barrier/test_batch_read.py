@@ -127,3 +127,30 @@ def test_read_gives_up_when_the_lookup_never_gets_exact(service: Any, tmp_path: 
     with pytest.raises(BarrierBatchError, match=r"'ods.items' is not exact at barrier") as error:
         enrich._exact_version("ods.items", barrier)
     assert error.value.code == "not_exact"
+
+
+def test_the_jobs_own_output_reads_as_of_the_batch_start(service: Any, tmp_path: Path) -> None:
+    client, clock = service
+    enrich = job(client, tmp_path, patience_s=20)
+    for source, table in (("src_orders", "ods.orders"), ("src_items", "ods.items")):
+        barrier = client.batch_barrier(source, 0).barrier
+        client.report_commit(source, 0, barrier, table, 10)
+    clock.advance(2 * SLOT)
+    first = client.batch_barrier("enrich", 0)
+    second = BatchContext(
+        enrich, batch_id=1, barrier=first.barrier + SLOT, start_barrier=first.barrier
+    )
+
+    def report_later() -> None:  # the first batch's report is still in the outbox
+        time.sleep(0.4)
+        client.report_commit("enrich", 0, first.barrier, "dw.detail", 77)
+
+    writer = threading.Thread(target=report_later)
+    writer.start()
+    version = enrich.version_in_batch(second, "dw.detail")
+    writer.join()
+    assert version is not None and version.barrier == first.barrier
+    assert version.snapshots == {"dw.detail": 77} and version.lease_id is not None
+    client.delete_lease(version.lease_id)
+    before_any = BatchContext(enrich, batch_id=0, barrier=first.barrier, start_barrier=0)
+    assert enrich.version_in_batch(before_any, "dw.detail") is None
