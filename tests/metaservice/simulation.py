@@ -1,38 +1,68 @@
 """A Spark-free simulation of barrier-aligned ETL jobs driving the real MetaService.
 
 The simulator plays every Spark query of a random ETL topology against the REST
-API (any client with ``request(method, url, ...)``, e.g. starlette's TestClient
-or an ``httpx.Client``) on a :class:`~metaservice.clock.ManualClock`, and keeps
-its own Iceberg-like record of every table, so it can check the service's
-answers against an oracle that knows nothing about the service:
+API (any client with ``request(method, url, ...)``, e.g. starlette's TestClient)
+on a :class:`~metaservice.clock.ManualClock`, and keeps its own Iceberg-like record
+of every table, so it can check the service's answers against an oracle that knows
+nothing about the service:
 
-* a **source job**'s batch asks for its barrier and ingests a few new unique
-  rows ``(table, seq, barrier)`` tagged with the barrier it was given; a
-  snapshot holds the rows appended by that commit, a table's content at a
-  snapshot is every row appended up to it (append-only, like Iceberg);
-* a **derived job**'s batch asks ``POST /jobs/{job}/batches/{k}/barrier`` and
-  reads, per input, exactly the rows appended by the input's snapshots in
-  ``(from_snapshot, to_snapshot]`` as the service named them; it writes one row
-  ``(job, input table, row)`` per row read (a multiset, so a row read twice
-  shows up twice) and commits a new snapshot, or reports ``snapshot_id: null``
-  when it read nothing;
+* a **source job**'s batch asks for its barrier and ingests a few new unique rows
+  ``(table, seq, barrier)`` tagged with the barrier it was given; a snapshot holds
+  the rows appended by that commit, a table's content at a snapshot is every row
+  appended up to it (append-only, like Iceberg);
+* a **derived job** runs as Spark runs it, incrementally. Each trigger, each of its
+  barrier sources (one per input, in the query's fixed order) asks
+  ``next-barrier?after=A&source=T`` with the query's offset A; Spark plans the
+  batch (A, B] only when every source reported the same end B (a disagreement is a
+  G1 failure). Planning reads each input's range through ``GET /jobs/{job}/ranges``
+  (one call per source, as the barrier sources do): the rows appended by the input's
+  snapshots in ``(from_snapshot, to_snapshot]``. The sink then asks
+  ``POST .../batches/{k}/barrier`` with ``{start, end, query_id}`` and appends
+  ``f(rows read)`` (one row ``(job, input, row)`` per row read: a multiset, so a row
+  read twice shows up twice) as a new snapshot stamped B, or reports
+  ``snapshot_id: null`` when it read nothing. Its report may wait in the outbox
+  while the next trigger asks for offsets (even between its sources' calls);
 * the **oracle** recomputes any table as of barrier ``b`` from the source rows
-  alone: a source table holds its rows with barrier ``<= b``, a derived table
-  is the derivation of its inputs' oracle contents.
+  alone: a source table holds its rows with barrier ``<= b``, a derived table is
+  ``f`` of its inputs' oracle contents.
 
 Failures are simulated the way Spark shows them to the service: a batch that
-crashes before its Iceberg commit, or after it but before the report, is
-replayed under the same batch id; a finished batch may be asked for again
-(Spark replays the last batch when its commit log was not written); reports
-may be sent twice, batched, or with conflicting contents.
+crashes before its Iceberg commit, or after it but before the report, is replayed
+under the same batch id with the offsets of Spark's offset log; a finished batch
+may be asked for again; reports may be sent twice, batched, or with conflicting
+contents; a Spark query re-created under a job's name (a reset checkpoint) asks for
+batch 0 again. Source jobs holding an **offline grant** give their batches barriers
+of their own while the service is unreachable (possibly from a clock running up to
+60 s ahead), and claim them later. A source driver may die with an open batch,
+which an operator abandons (the restarted driver replays it); jobs are re-registered
+(same spec, refused identity changes, outputs added and removed) and the writer of a
+table nobody reads is replaced (``DELETE /jobs/{job}``, a new job writing the table
+afresh).
 
-Outages of the service are simulated for source jobs holding an **offline grant**
-(``ReportIn``): ``Run(job, fail="offline")`` gives the batch a barrier of the
-job's own (never below its floor), writes the table, and leaves a claim and the
-report in the job's outbox; the job keeps running offline, and cannot report in,
-until ``Flush`` delivers its claims and reports in order.
+Checks, each switched on by ``checks``:
 
-Typical use (see tests/metaservice/test_model_properties.py)::
+* **G1** every consistent version, every table at its frontier and every derived
+  table at each barrier it commits holds exactly the oracle's rows; every range a
+  derived batch reads is the simulator's own barrier-to-snapshot mapping;
+* **G2** consistent versions never go back, and reach the bound that
+  ``frontiers.aligned_target`` proves: with F the least frontier of the tables
+  (from ``GET /jobs`` just before), P the least power of two such that no derived
+  job among the members and their derived upstream has a batch of more than P slots
+  ending after F - P, and M the largest multiple of P slots <= F, the version is at
+  least M whenever M lies past every such job's first batch (batches are known from
+  the ends of the Spark batches and the frontiers seen, so the service's own
+  advances of idle jobs count, coalesced: a safe over-approximation);
+  a source job's barrier is its slot, never moved by another job's clock;
+* **G3** replayed batches get the same barrier and ranges and never a second
+  snapshot; duplicate reports change nothing; conflicting or refused requests
+  (plans Spark did not get, reset queries, late reports of abandoned batches or
+  deleted jobs, refused job changes) answer 409/404 and change no row of the
+  database;
+* **G5** no expiry plan lists a snapshot in use by the simulator's own records
+  (current, leased, the start of a reader's next batch); no version or lease names a
+  snapshot an expiry reservation gave away.
+
+Typical use (see tests/metaservice/test_model_properties*.py)::
 
     sim = Simulation(client, clock, topology)
     sim.register()
@@ -56,10 +86,13 @@ from hypothesis import strategies as st
 
 API = "/api/v1"
 INTERVAL_MS = 1000
+# How far ahead of the service's clock a source job's own clock may run when it gives
+# its batches barriers offline (the service's MAX_CLAIM_AHEAD_MS).
+MAX_AHEAD_MS = 60_000
 
 # Which checks a simulation makes besides the protocol basics it needs to run at all.
-G1, G3, G5 = "G1", "G3", "G5"
-ALL_CHECKS = frozenset({G1, G3, G5})
+G1, G2, G3, G5 = "G1", "G2", "G3", "G5"
+ALL_CHECKS = frozenset({G1, G2, G3, G5})
 
 
 # --------------------------------------------------------------------------- topology
@@ -81,6 +114,8 @@ class Compact:
 
 @dataclass(frozen=True, repr=False)
 class JobDef(Compact):
+    """A logical job; ``inputs`` in the order of the Spark query's barrier sources."""
+
     name: str
     output: str
     inputs: tuple[str, ...] = ()
@@ -122,6 +157,18 @@ class Topology(Compact):
         job = self.writer(table)
         return 0 if job.is_source else 1 + max(self.depth(t) for t in job.inputs)
 
+    def derived_closure(self, tables: Iterable[str]) -> list[JobDef]:
+        """The derived writers of ``tables`` and every derived job upstream of them."""
+        seen: dict[str, JobDef] = {}
+        todo = list(tables)
+        while todo:
+            job = self.writer(todo.pop())
+            if job.is_source or job.name in seen:
+                continue
+            seen[job.name] = job
+            todo.extend(job.inputs)
+        return [j for j in self.jobs if j.name in seen]
+
 
 # --------------------------------------------------------------------------- steps
 
@@ -139,34 +186,39 @@ class Run(Compact):
 
     rows: rows a source batch ingests. fail: "before_commit" (crash before the
     Iceberg commit) or "after_commit" (committed to Iceberg, crashed before the
-    report): the next Run of the job replays the batch; "report_later": the
-    service was unreachable for the report, which waits in the job's outbox while
-    the job goes on (a source job with several batches open; a derived job
-    delivers its outbox before asking for its next batch). peek: a derived job
-    first asks next-barrier (Spark's latestOffset). batched: report through
+    report): the next Run replays the batch; "report_later": the report waits in the
+    job's outbox while the job goes on (delivered before the job's next report, or by
+    Flush); "offline": a source job holding a grant gives the batch a barrier of its
+    own (its clock ``ahead_ms`` ahead of the service's) and claims it later; a derived
+    job's "before_plan": Spark dies after its sources' offset calls, before writing
+    its offset log. mid="flush": every outbox is delivered between the first and the
+    other barrier sources' calls (offsets and ranges). batched: report through
     /commits/batch, with the same report twice in the body.
     """
 
     job: str
     rows: int = 1
     fail: str = "none"
-    peek: bool = False
     batched: bool = False
+    mid: str = "none"
+    ahead_ms: int = 0
 
 
 @dataclass(frozen=True, repr=False)
 class Tick(Compact):
     """One slot of progress: the clock moves one interval, then the named jobs run
-    once each, upstream before downstream (all of them: a healthy topology)."""
+    once each, upstream before downstream."""
 
     jobs: tuple[str, ...]
 
 
 @dataclass(frozen=True, repr=False)
 class Peek(Compact):
-    """A derived job's barrier source asks for its latest offset (next-barrier)."""
+    """A derived job's trigger starts: its first ``sources`` barrier sources ask for
+    their latest offset; the others ask on the job's next Run (same trigger)."""
 
     job: str
+    sources: int = 1
 
 
 @dataclass(frozen=True, repr=False)
@@ -187,9 +239,10 @@ class Duplicate(Compact):
 
 @dataclass(frozen=True, repr=False)
 class Conflict(Compact):
-    """Send a report contradicting a recorded one (kind: other_snapshot,
-    no_snapshot, other_barrier, stolen_snapshot); bundle: inside a /commits/batch
-    request that also carries valid reports, which must not be recorded either."""
+    """Send a report or barrier request contradicting what is recorded (kind:
+    other_snapshot, no_snapshot, other_barrier, stolen_snapshot, plan_mismatch,
+    empty_range); bundle: a report inside a /commits/batch request that also carries
+    valid reports, which must not be recorded either."""
 
     pick: int = 0
     kind: str = "other_snapshot"
@@ -214,14 +267,19 @@ class Release(Compact):
 
 @dataclass(frozen=True, repr=False)
 class Expiry(Compact):
-    """Ask for a table's expiry plan (None: every table's)."""
+    """Ask for a table's expiry plan (None: every table's); reserve: as an executor
+    does, reserve what the plan lists (when the service has reservations)."""
 
     table: str | None = None
+    reserve: bool = False
 
 
 @dataclass(frozen=True, repr=False)
 class Flush(Compact):
-    """The service is reachable again: every job delivers its outbox, in order."""
+    """The service is reachable again: jobs deliver their outboxes, in order (every
+    job's, or one job's)."""
+
+    job: str | None = None
 
 
 @dataclass(frozen=True, repr=False)
@@ -244,6 +302,44 @@ class Frontiers(Compact):
     """Read every table's frontier (GET /tables) and check what it promises."""
 
 
+@dataclass(frozen=True, repr=False)
+class Reregister(Compact):
+    """PUT the job again: "same" spec; "kind", "add_input", "drop_input" (refused once
+    the job has run, else allowed and put back); "add_output" (allowed any time);
+    "drop_output" (the added one: refused while a batch is open)."""
+
+    job: str
+    change: str = "same"
+
+
+@dataclass(frozen=True, repr=False)
+class Replace(Compact):
+    """Replace the writer of the job's table: the old driver stops (delivering its
+    outbox if ``drain``, else its reports arrive late), ``DELETE /jobs/{job}`` (refused
+    while another job reads the table), and a new job registers the table, which is
+    written afresh (a new Iceberg table under the same name)."""
+
+    job: str
+    drain: bool = True
+
+
+@dataclass(frozen=True, repr=False)
+class Abandon(Compact):
+    """A source driver died with its open batch: an operator abandons the batch; the
+    restarted driver replays it on the job's next Run (a batch it had committed to
+    Iceberg first reports late, is refused, and is rolled back)."""
+
+    job: str
+
+
+@dataclass(frozen=True, repr=False)
+class ResetQuery(Compact):
+    """A new Spark query (a reset checkpoint) starts under the job's name: its batch 0
+    is refused (409 query_reset) and the old checkpoint goes on."""
+
+    job: str
+
+
 Step = (
     Advance
     | Tick
@@ -259,6 +355,10 @@ Step = (
     | ReportIn
     | ReleaseGrant
     | Frontiers
+    | Reregister
+    | Replace
+    | Abandon
+    | ResetQuery
 )
 
 
@@ -289,6 +389,16 @@ class TableState:
         self.snapshots.append(snapshot)
         return snapshot
 
+    def roll_back(self, snapshot: Snapshot) -> None:
+        """Remove the newest snapshot (an operator undoing an orphan commit)."""
+        assert self.snapshots and self.snapshots[-1] is snapshot and not snapshot.reported
+        self.snapshots.pop()
+        del self._position[snapshot.snapshot_id]
+        self._cached = (-1, Counter())
+
+    def has(self, snapshot_id: int) -> bool:
+        return snapshot_id in self._position
+
     def position(self, snapshot_id: int) -> int:
         assert snapshot_id in self._position, f"{self.name} has no snapshot {snapshot_id}"
         assert self.snapshots[self._position[snapshot_id]].reported, (
@@ -311,7 +421,8 @@ class TableState:
         return Counter(rows)
 
     def read(self, from_id: int | None, to_id: int | None) -> Counter:
-        """Incremental append scan: rows appended by the snapshots in (from, to]."""
+        """Incremental append scan: rows appended by the snapshots in (from, to]; from
+        None reads the table's whole state at ``to``."""
         if to_id is None:
             assert from_id is None, f"{self.name}: range ({from_id}, None] ends before it starts"
             return Counter()
@@ -336,47 +447,72 @@ class TableState:
     def snapshot_at(self, barrier: int) -> int | None:
         """Latest reported snapshot with barrier <= ``barrier`` (None if there is none)."""
         found = None
-        for snapshot in self.reported():
-            if snapshot.barrier <= barrier:
+        for snapshot in self.snapshots:
+            if snapshot.reported and snapshot.barrier <= barrier:
                 found = snapshot.snapshot_id
         return found
 
 
 @dataclass
 class Pending:
-    """A batch that was given its barrier and is not reported yet."""
+    """A batch that was given its barrier (or claimed one offline), not reported yet."""
 
     batch_id: int
     barrier: int
     answer: dict
     delta: Counter
+    outputs: tuple[str, ...]  # the job's outputs when the batch opened: each gets a report
+    start: int | None = None  # derived: the batch is (start, barrier]
+    ranges: list[tuple] = field(default_factory=list)  # derived: what it read
     written: bool = False  # committed to the table already
     snapshot: Snapshot | None = None
     claimed: bool = False  # the job gave it its barrier offline
+    known: bool = True  # the service knows the batch (False: offline claim not delivered)
+    abandoned: bool = False  # an operator abandoned it: its driver is dead
 
 
 @dataclass
 class Done:
     batch_id: int
     barrier: int
+    start: int | None
     answer: dict
     snapshot_id: int | None
+    outputs: tuple[str, ...]
 
 
 @dataclass
 class JobState:
+    """One incarnation of a logical job: the service's job ``name`` and its Spark query."""
+
+    logical: str
+    name: str
+    query: str
+    outputs: list[str]
     next_batch: int = 0
     pending: Pending | None = None
     done: list[Done] = field(default_factory=list)
     outbox: list[Pending] = field(default_factory=list)  # written, reports not delivered
-    target: int | None = None  # a derived job's target announced by next-barrier
-    floor: int | None = None  # a source job's offline floor while it holds a grant
-    claims: list[tuple[int, int]] = field(default_factory=list)  # undelivered (batch, barrier)
+    ran: bool = False  # the service has (had) a Spark batch of this job
+    newest: tuple[int, int] | None = None  # (batch id, barrier) of its newest known batch
+    # derived jobs, Spark's side
+    offset: int = 0  # the start of the next batch: the end of the last one Spark ran
+    planned: tuple[int, int, int] | None = None  # (batch, start, end) in the offset log
+    asked: dict[str, int] = field(default_factory=dict)  # this trigger's sources' answers
+    ends: set[int] = field(default_factory=set)  # frontiers it is known to have had (G2)
+    # source jobs holding an offline grant
+    floor: int | None = None
+    claims: list[Pending] = field(default_factory=list)  # undelivered, in batch order
 
     @property
-    def frontier(self) -> int:
-        """Derived jobs: the last barrier this job committed (0 before its first batch)."""
+    def committed(self) -> int:
+        """The last barrier whose report the service recorded (0 before the first)."""
         return max((d.barrier for d in self.done), default=0)
+
+    def open_in_service(self) -> list[Pending]:
+        """Batches the service holds open: known, not reported, not abandoned."""
+        batches = [*self.outbox, *([self.pending] if self.pending is not None else [])]
+        return [p for p in batches if p.known and not p.abandoned]
 
 
 @dataclass
@@ -413,6 +549,37 @@ def combine(contents: dict[str, Counter]) -> Counter:
     return Counter({key: 1 for key in ((k, tuple(per_table[n][k] for n in names)) for k in keys)})
 
 
+def g2_bound(frontier: int, ends: Sequence[set[int]], interval: int) -> tuple[int, int] | None:
+    """The bound of ``frontiers.aligned_target`` for a set of derived jobs: (M, P).
+
+    ``frontier``: the least frontier of the tables asked for; ``ends``: per derived job
+    among them and their derived upstream, barriers it is known to have had as its
+    frontier (every batch it committed, and the service's advances, ends at one). The
+    batches between consecutive known ends cover its real batches, so a span between
+    them is at least as long as any batch inside it. P is the least power of two
+    (slots) such that no span ending after ``frontier - P`` is longer than P; M the
+    largest multiple of P slots at or below ``frontier``. None when M does not lie past
+    every job's first batch, or is not above 0 (no claim).
+    """
+    if frontier <= 0:
+        return None
+    spans = []
+    for known in ends:
+        points = sorted(e for e in known if e > 0)
+        if not points:
+            return None
+        spans.append(list(zip([0, *points], points, strict=False)))
+    width = interval
+    while any(hi - lo > width for job in spans for lo, hi in job if hi > frontier - width):
+        width *= 2
+        if width > frontier:
+            return None
+    m = frontier - frontier % width
+    if any(m <= job[0][1] for job in spans):
+        return None
+    return m, width // interval
+
+
 # --------------------------------------------------------------------------- simulation
 
 
@@ -428,21 +595,36 @@ class Simulation:
         interval_ms: int = INTERVAL_MS,
         checks: Iterable[str] = ALL_CHECKS,
         log: Callable[[str], None] | None = None,
+        db_state: Callable[[], Any] | None = None,
+        reserve: Callable[[str], dict] | None = None,
     ) -> None:
+        """``db_state``: every row of the service's database, to check that refused
+        requests change nothing (else the API's view of jobs and mappings is compared).
+        ``reserve``: reserve a table's expiry for an executor (None: the service has no
+        reservations, G5 is checked on plans and leases only)."""
         self.client = client
         self.clock = clock
         self.topo = topology
         self.interval = interval_ms
         self.checks = frozenset(checks)
         self._log = log
+        self._db_state = db_state
+        self._reserve = reserve
         self.tables = {t: TableState(t) for t in topology.tables}
-        self.jobs = {j.name: JobState() for j in topology.jobs}
+        self.jobs = {
+            j.name: JobState(j.name, j.name, f"q-{j.name}", [j.output]) for j in topology.jobs
+        }
+        self.retired: list[JobState] = []  # deleted incarnations with reports still on the way
         self.source_rows: dict[str, list[tuple]] = {j.output: [] for j in topology.sources}
-        self.history: list[dict] = []  # every report the service recorded
+        self.history: list[dict] = []  # every report the service recorded, of live jobs
         self.leases: dict[str, LeaseRecord] = {}
         self.last_frontier: dict[str, int] = {}
+        self.last_version: dict[tuple[str, ...], int] = {}
+        self.complete: dict[str, int] = {}  # per table: the newest barrier readers took as final
+        self.reserved: dict[str, set[int]] = {t: set() for t in topology.tables}
         self._snapshot_ids = itertools.count(1_000_001, 7)
         self._row_seq = itertools.count()
+        self._incarnations = itertools.count(1)
         self.stats: Counter = Counter()
 
     # ------------------------------------------------------------------ plumbing
@@ -454,7 +636,7 @@ class Simulation:
             )
 
     def now(self) -> int:
-        return self.clock.now_ms()
+        return self.clock.now_ms()  # type: ignore[no-any-return]
 
     def now_slot(self) -> int:
         return self.now() - self.now() % self.interval
@@ -468,14 +650,34 @@ class Simulation:
         )
         return response
 
+    def refused(
+        self, method: str, path: str, status: int, codes: Iterable[str], **kwargs: Any
+    ) -> dict:
+        """A request the service must refuse with one of ``codes``, changing nothing (G3)."""
+        before = self.snapshot_state() if G3 in self.checks else None
+        body = self.call(method, path, {status}, **kwargs).json()
+        assert body.get("code") in set(codes), f"{method} {path} {kwargs}: {body}"
+        if before is not None:
+            after = self.snapshot_state()
+            assert after == before, f"G3: refused {method} {path} {kwargs} ({body}) changed {after}"
+            self.stats["G3 refusals changed nothing"] += 1
+        return body  # type: ignore[no-any-return]
+
+    def snapshot_state(self) -> Any:
+        if self._db_state is not None:
+            return self._db_state()
+        return self.state()
+
     def register(self) -> None:
         for job in self.topo.jobs:
-            self.call(
-                "PUT",
-                f"/jobs/{job.name}",
-                {201},
-                json={"inputs": list(job.inputs), "outputs": [job.output]},
-            )
+            self.call("PUT", f"/jobs/{job.name}", {201}, json=self.spec(job))
+
+    def spec(self, jd: JobDef, js: JobState | None = None) -> dict:
+        outputs = js.outputs if js is not None else [jd.output]
+        return {"inputs": list(jd.inputs), "outputs": list(outputs)}
+
+    def live(self) -> list[tuple[JobDef, JobState]]:
+        return [(jd, self.jobs[jd.name]) for jd in self.topo.jobs]
 
     def apply(self, step: Step) -> Any:
         match step:
@@ -486,9 +688,11 @@ class Simulation:
                 self.clock.advance(self.interval)
                 return [self.run(job.name) for job in self.topo.jobs if job.name in jobs]
             case Run():
-                return self.run(step.job, step.rows, step.fail, step.peek, step.batched)
-            case Peek(job):
-                return self.peek(job)
+                return self.run(
+                    step.job, step.rows, step.fail, step.batched, step.mid, step.ahead_ms
+                )
+            case Peek(job, sources):
+                return self.peek(job, sources)
             case Replay(job, pick):
                 return self.replay(job, pick)
             case Duplicate(pick, batched):
@@ -500,20 +704,27 @@ class Simulation:
                 return self.version(tables, at_or_before=at, lease_seconds=lease_s)
             case Release(pick):
                 return self.release(pick)
-            case Expiry(table):
-                if table is None:
-                    return [self.expiry(t) for t in self.topo.tables]
-                return self.expiry(table)
-            case Flush():
-                for job in self.topo.jobs:
-                    self.flush(job.name)
-                return None
+            case Expiry(table, reserve):
+                names = self.topo.tables if table is None else [table]
+                return [self.expiry(t, reserve) for t in names]
+            case Flush(job):
+                if job is None:
+                    return self.flush_all()
+                return self.flush(self.jobs[job])
             case ReportIn(job):
                 return self.report_in(job)
             case ReleaseGrant(job):
                 return self.release_grant(job)
             case Frontiers():
                 return self.frontiers()
+            case Reregister(job, change):
+                return self.reregister(job, change)
+            case Replace(job, drain):
+                return self.replace(job, drain)
+            case Abandon(job):
+                return self.abandon(job)
+            case ResetQuery(job):
+                return self.reset_query(job)
         raise AssertionError(f"unknown step {step!r}")
 
     def steady_step(self, skip: Iterable[str] = ()) -> None:
@@ -525,127 +736,115 @@ class Simulation:
             if job.name not in skipped:
                 self.run(job.name)
 
-    # ------------------------------------------------------------------ jobs
+    def settle(self) -> None:
+        """Every job finishes what it started: a dead driver's batch is replayed, claims
+        and reports are delivered, a trigger in progress completes."""
+        for jd, js in self.live():
+            if js.pending is not None or js.planned is not None or js.asked:
+                self.run(jd.name)
+        self.flush_all()
 
-    def peek(self, job: str) -> int | None:
-        """next-barrier of a derived job; the target it announces is then fixed."""
-        jd, js = self.topo.job(job), self.jobs[job]
-        if jd.is_source:
-            self.call("GET", f"/jobs/{job}/next-barrier", {400, 422})
-            return None
-        nb = self.call("GET", f"/jobs/{job}/next-barrier", {200}).json()
-        assert nb["start_barrier"] == js.frontier, (
-            f"next-barrier of {job}: {nb}, frontier {js.frontier}"
-        )
-        self.log(f"peek {job}: {nb}")
-        if not nb["ready"]:
-            assert js.pending is None and js.target is None, (
-                f"{job}: next-barrier says not ready but batch/target {js.pending or js.target} is fixed"
-            )
-            assert nb["barrier"] == js.frontier, nb
-            return None
-        if js.pending is not None:
-            assert nb["barrier"] == js.pending.barrier, (
-                f"{job}: next-barrier {nb['barrier']} differs from open batch {js.pending.batch_id} "
-                f"at {js.pending.barrier}"
-            )
-        elif js.target is not None:
-            assert nb["barrier"] == js.target, (
-                f"{job}: target moved from {js.target} to {nb['barrier']}"
-            )
-        js.target = nb["barrier"]
-        assert nb["barrier"] > js.frontier and nb["barrier"] % self.interval == 0, nb
-        return js.target
+    # ------------------------------------------------------------------ source jobs
 
     def run(
         self,
         job: str,
         rows: int = 1,
         fail: str = "none",
-        peek: bool = False,
         batched: bool = False,
+        mid: str = "none",
+        ahead_ms: int = 0,
     ) -> str:
         jd, js = self.topo.job(job), self.jobs[job]
-        if jd.is_source and js.floor is not None and (fail == "offline" or js.claims):
-            return self._run_offline(jd, js, rows, fail)
+        if jd.is_source:
+            return self._run_source(jd, js, rows, fail, batched, ahead_ms)
+        return self._run_derived(jd, js, fail, batched, mid)
+
+    def _run_source(
+        self, jd: JobDef, js: JobState, rows: int, fail: str, batched: bool, ahead_ms: int
+    ) -> str:
+        p = js.pending
+        if p is not None and p.abandoned:
+            return self._replay_abandoned(jd, js, p, fail, batched)
+        if js.floor is not None and (fail == "offline" or js.claims):
+            return self._run_offline(jd, js, rows, fail, ahead_ms)
         if fail == "offline":
             fail = "report_later"  # no grant: the job waits for the service, then reports later
-        if not jd.is_source:
-            self.flush(job)  # its next batch starts once the previous one is committed
-        if peek and not jd.is_source:
-            self.peek(job)
-        p = js.pending
         batch_id = p.batch_id if p is not None else js.next_batch
-        r = self.call("POST", f"/jobs/{job}/batches/{batch_id}/barrier", {200, 409})
-        if r.status_code == 409:
-            code = r.json().get("code")
-            assert (
-                not jd.is_source and p is None and js.target is None and code == "no_barrier_ready"
-            ), f"{job} batch {batch_id} refused: {r.text} (open batch {p}, target {js.target})"
-            self.log(f"run {job} batch {batch_id}: no barrier ready")
-            return "idle"
-        answer = r.json()
+        # "it gets the current clock slot": never moved by another job's clock; only its
+        # own batches' barriers (an offline claim ahead of the clock) go before it.
+        expected = max(self.now_slot(), js.newest[1] if js.newest is not None else 0)
+        answer = self._ask(js, batch_id, {"query_id": js.query})
         b = answer["barrier"]
-        assert answer["job"] == job and answer["batch_id"] == batch_id, answer
-        assert not answer["committed"], f"{job} batch {batch_id} is not reported yet: {answer}"
-        assert b % self.interval == 0 and 0 < b <= self.now_slot(), (
-            f"barrier {b} off grid or future"
-        )
         if p is not None:
-            # G3: a replayed batch gets the same barrier and reads the same ranges.
-            assert b == p.barrier, (
-                f"{job} batch {batch_id} replayed at {b}, first given {p.barrier}"
-            )
-            assert answer["start_barrier"] == p.answer["start_barrier"], (answer, p.answer)
-            assert _ranges(answer) == _ranges(p.answer), (answer, p.answer)
+            # G3: a replayed batch gets the same barrier.
+            assert b == p.barrier, f"{js.name} batch {batch_id} replayed at {b}, given {p.barrier}"
             self.stats["replayed open batch"] += 1
-        elif jd.is_source:
-            assert answer["start_barrier"] is None and answer["inputs"] == [], answer
-            # "it gets the current clock slot" (the manual clock never goes back)
-            assert b == self.now_slot(), f"source batch got {b}, current slot {self.now_slot()}"
-            assert b >= max((d.barrier for d in js.done), default=0)
-            if js.floor is not None:
-                js.floor = max(js.floor, b)  # later offline batches never go below it
-            delta = Counter({(jd.output, next(self._row_seq), b): 1 for _ in range(rows)})
-            self.source_rows[jd.output].extend(delta)
-            p = js.pending = Pending(batch_id, b, answer, delta)
         else:
-            if js.target is not None:
-                assert b == js.target, (
-                    f"{job} batch {batch_id} got {b}, next-barrier said {js.target}"
-                )
-            p = js.pending = Pending(batch_id, b, answer, self._read_inputs(jd, js, answer))
-        self.log(
-            f"run {job} batch {batch_id} -> barrier {b}"
-            + (
-                f" start {answer['start_barrier']} inputs {_ranges(answer)}"
-                if not jd.is_source
-                else ""
+            assert answer["start_barrier"] is None and answer["inputs"] == [], answer
+            assert b == expected, (
+                f"G2: source job {js.name}'s batch {batch_id} got barrier {b}; the current "
+                f"slot is {self.now_slot()} and its own newest batch {js.newest}"
             )
-            + (f" fail={fail}" if fail != "none" else "")
+            p = js.pending = Pending(
+                batch_id, b, answer, self._ingest(jd, rows, b), tuple(js.outputs)
+            )
+            js.ran = True
+            js.newest = (batch_id, b)
+        self.log(f"run {js.name} batch {batch_id} -> barrier {b}" + _fail(fail))
+        return self._finish(jd, js, p, fail, batched)
+
+    def _ask(self, js: JobState, batch_id: int, body: dict) -> dict:
+        answer = self.call(
+            "POST", f"/jobs/{js.name}/batches/{batch_id}/barrier", {200}, json=body
+        ).json()
+        b = answer["barrier"]
+        assert answer["job"] == js.name and answer["batch_id"] == batch_id, answer
+        assert not answer["committed"], f"{js.name} batch {batch_id} is not reported: {answer}"
+        assert b % self.interval == 0 and b > 0, f"barrier {b} off grid"
+        assert b <= self.now_slot() or (js.newest is not None and b <= js.newest[1]), (
+            f"{js.name} batch {batch_id}: barrier {b} is in the future ({answer})"
         )
+        return answer  # type: ignore[no-any-return]
+
+    def _ingest(self, jd: JobDef, rows: int, barrier: int) -> Counter:
+        delta = Counter({(jd.output, next(self._row_seq), barrier): 1 for _ in range(rows)})
+        self.source_rows[jd.output].extend(delta)
+        return delta
+
+    def _forget_rows(self, jd: JobDef, delta: Counter) -> None:
+        for row in delta:
+            self.source_rows[jd.output].remove(row)
+
+    def _finish(self, jd: JobDef, js: JobState, p: Pending, fail: str, batched: bool) -> str:
+        """The sink: write the batch unless it is in the table already, then report."""
         if fail == "before_commit":
             return "crashed before commit"
         if not p.written:
             table = self.tables[jd.output]
-            assert table.find(job, batch_id) is None  # never a second snapshot for a batch
+            assert table.find(js.name, p.batch_id) is None  # never a second snapshot for a batch
             if p.delta:
                 p.snapshot = table.append(
-                    Snapshot(next(self._snapshot_ids), b, job, batch_id, Counter(p.delta))
+                    Snapshot(next(self._snapshot_ids), p.barrier, js.name, p.batch_id, p.delta)
                 )
             p.written = True
+        else:
+            found = self.tables[jd.output].find(js.name, p.batch_id)
+            assert found is p.snapshot, (found, p.snapshot)
         if fail == "after_commit":
             return "crashed before report"
         js.outbox.append(p)
         js.pending = None
-        js.next_batch = batch_id + 1
+        js.next_batch = p.batch_id + 1
+        if not jd.is_source:
+            js.offset, js.planned = p.barrier, None  # Spark's commit log
         if fail == "report_later":
-            self.log(f"{job} batch {batch_id}: report waits in the outbox")
+            self.log(f"{js.name} batch {p.batch_id}: report waits in the outbox")
             return "report queued"
-        self.flush(job, batched)
+        self.flush(js, batched)
         return "committed"
 
-    def _run_offline(self, jd: JobDef, js: JobState, rows: int, fail: str) -> str:
+    def _run_offline(self, jd: JobDef, js: JobState, rows: int, fail: str, ahead_ms: int) -> str:
         """A source batch while the service is unreachable: a barrier of the job's own,
         claimed in the outbox before the commit; the report waits in the outbox too."""
         assert js.floor is not None
@@ -655,32 +854,17 @@ class Simulation:
         else:
             batch_id = p.batch_id if p is not None else js.next_batch
             if p is not None:  # asked online, crashed before committing: re-tag its rows
-                for row in p.delta:
-                    self.source_rows[jd.output].remove(row)
+                self._forget_rows(jd, p.delta)
             used = [d.barrier for d in js.done] + [q.barrier for q in js.outbox]
-            b = max(js.floor, self.now_slot(), *used)
+            own_clock = self.now() + min(ahead_ms, MAX_AHEAD_MS - self.interval)
+            b = max(js.floor, own_clock - own_clock % self.interval, *used)
             js.floor = b
-            delta = Counter({(jd.output, next(self._row_seq), b): 1 for _ in range(rows)})
-            self.source_rows[jd.output].extend(delta)
-            p = js.pending = Pending(batch_id, b, {"offline": True}, delta, claimed=True)
-            js.claims.append((batch_id, b))
-        self.log(f"run {jd.name} batch {batch_id} offline -> barrier {p.barrier} fail={fail}")
-        if fail == "before_commit":
-            return "crashed before commit"
-        if not p.written:
-            table = self.tables[jd.output]
-            assert table.find(jd.name, batch_id) is None
-            if p.delta:
-                p.snapshot = table.append(
-                    Snapshot(next(self._snapshot_ids), p.barrier, jd.name, batch_id, p.delta)
-                )
-            p.written = True
-        if fail == "after_commit":
-            return "crashed before report"
-        js.outbox.append(p)
-        js.pending = None
-        js.next_batch = batch_id + 1
-        return "committed offline"
+            delta = self._ingest(jd, rows, b)
+            p = js.pending = Pending(batch_id, b, {"offline": True}, delta, tuple(js.outputs))
+            p.claimed, p.known = True, False
+            js.claims.append(p)
+        self.log(f"run {js.name} batch {batch_id} offline -> barrier {p.barrier}" + _fail(fail))
+        return self._finish(jd, js, p, fail, False)
 
     def report_in(self, job: str) -> str:
         jd, js = self.topo.job(job), self.jobs[job]
@@ -689,88 +873,213 @@ class Simulation:
         if js.claims:
             return "claims undelivered"
         promise = max(js.floor or 0, self.now_slot())
-        grant = self.call("PUT", f"/jobs/{job}/offline-grant", {200}, json={"floor": promise})
+        grant = self.call("PUT", f"/jobs/{js.name}/offline-grant", {200}, json={"floor": promise})
         body = grant.json()
         assert body["floor"] <= max(promise, body["barrier"]), body
         js.floor = max(promise, body["barrier"])
-        self.log(f"report in {job}: floor {body['floor']}")
+        self.log(f"report in {js.name}: floor {body['floor']}")
         return "reported in"
 
     def release_grant(self, job: str) -> str:
         jd, js = self.topo.job(job), self.jobs[job]
         if not jd.is_source or js.floor is None:
             return "no grant"
-        self.flush(job)  # the release goes through the outbox, after the claims
-        self.call("DELETE", f"/jobs/{job}/offline-grant", {204})
+        self.flush(js)  # the release goes through the outbox, after the claims
+        self.call("DELETE", f"/jobs/{js.name}/offline-grant", {204})
         js.floor = None
         return "released"
 
-    def _read_inputs(self, jd: JobDef, js: JobState, answer: dict) -> Counter:
-        a, b = answer["start_barrier"], answer["barrier"]
-        assert a == js.frontier, f"{jd.name} starts after {a}, but committed up to {js.frontier}"
-        assert b > a, answer
-        ranges = {r["table"]: r for r in answer["inputs"]}
-        assert sorted(ranges) == sorted(jd.inputs), answer
+    # ------------------------------------------------------------------ derived jobs
+
+    def peek(self, job: str, sources: int = 1) -> str:
+        jd, js = self.topo.job(job), self.jobs[job]
+        if jd.is_source:
+            self.call("GET", f"/jobs/{js.name}/next-barrier", {400, 422})
+            return "source job"
+        if js.planned is not None:
+            return "batch planned"
+        end = self._trigger(jd, js, "none", sources)
+        return "asking" if end is None else f"planned up to {end}"
+
+    def _run_derived(self, jd: JobDef, js: JobState, fail: str, batched: bool, mid: str) -> str:
+        if js.planned is None:
+            end = self._trigger(jd, js, mid, None)
+            assert end is not None
+            if end == js.offset:
+                self.log(f"run {js.name}: nothing new after {js.offset}")
+                return "idle"
+            js.planned = (js.next_batch, js.offset, end)
+            if fail == "before_plan":
+                js.planned = None
+                self.log(f"run {js.name}: crashed before writing its offset log (end {end})")
+                return "crashed before planning"
+        batch_id, a, b = js.planned
+        read = self._read_ranges(jd, js, a, b, mid)
+        if read is None:
+            return "waiting for its inputs"
+        delta, ranges = read
+        body = {"start": a, "end": b, "query_id": js.query}
+        answer = self._ask(js, batch_id, body)
+        assert (answer["start_barrier"], answer["barrier"]) == (a, b), (
+            f"G1: Spark planned batch {batch_id} of {js.name} as ({a}, {b}], the service "
+            f"recorded {answer}"
+        )
+        assert _ranges(answer) == ranges, (
+            f"G1: {js.name} batch {batch_id} read {ranges}, its barrier answer says {answer}"
+        )
+        p = js.pending
+        if p is not None:
+            # G3: the replay reads the same rows and gets the same answer.
+            assert p.batch_id == batch_id and _ranges(p.answer) == ranges, (p.answer, answer)
+            assert p.delta == delta, f"{js.name} batch {batch_id}: the replay read other rows"
+            self.stats["replayed open batch"] += 1
+        else:
+            p = js.pending = Pending(batch_id, b, answer, delta, tuple(js.outputs), a, ranges)
+            js.ran = True
+            js.newest = (batch_id, b)
+        self.log(f"run {js.name} batch {batch_id} ({a}, {b}] inputs {ranges}" + _fail(fail))
+        return self._finish(jd, js, p, fail, batched)
+
+    def _trigger(self, jd: JobDef, js: JobState, mid: str, budget: int | None) -> int | None:
+        """Spark's latestOffset of each barrier source not asked yet in this trigger (at
+        most ``budget`` of them); the batch's end once every source has answered."""
+        remaining = [s for s in jd.inputs if s not in js.asked]
+        for i, source in enumerate(remaining[:budget]):
+            if i == 1 and mid == "flush":
+                self.flush_all()
+            nb = self.call(
+                "GET",
+                f"/jobs/{js.name}/next-barrier",
+                {200},
+                params={"after": js.offset, "source": source},
+            ).json()
+            assert nb["start_barrier"] == js.offset, (nb, js.offset)
+            assert nb["ready"] == (nb["barrier"] > js.offset), nb
+            assert nb["barrier"] >= js.offset and nb["barrier"] % self.interval == 0, nb
+            js.asked[source] = nb["barrier"]
+            self.log(f"offsets {js.name} source {source} after {js.offset}: {nb['barrier']}")
+        if len(js.asked) < len(jd.inputs):
+            return None
+        ends = set(js.asked.values())
+        answers, js.asked = js.asked, {}
+        if ends == {js.offset}:
+            return js.offset
+        assert len(ends) == 1, (
+            f"G1: the barrier sources of one trigger of {js.name} planned different ends "
+            f"after {js.offset}: {answers}"
+        )
+        self.stats["derived batches planned"] += 1
+        return ends.pop()
+
+    def _read_ranges(
+        self, jd: JobDef, js: JobState, a: int, b: int, mid: str
+    ) -> tuple[Counter, list[tuple]] | None:
+        """Planning the batch: each barrier source reads its input's range by the
+        service's mapping; f of the rows read."""
         delta: Counter = Counter()
-        for name in jd.inputs:
-            rg, table = ranges[name], self.tables[name]
+        ranges = []
+        for i, source in enumerate(jd.inputs):
+            if i == 1 and mid == "flush":
+                self.flush_all()
+            r = self.call(
+                "GET", f"/jobs/{js.name}/ranges", {200, 409}, params={"after": a, "to": b}
+            )
+            if r.status_code == 409:
+                assert r.json()["code"] == "not_final", r.text
+                self.stats["ranges not final"] += 1
+                self.log(f"ranges {js.name} ({a}, {b}]: {r.json()}")
+                return None
+            mine = [x for x in r.json() if x["table"] == source]
+            assert len(mine) == 1, (source, r.json())
+            rg, table = mine[0], self.tables[source]
             assert (rg["from_barrier"], rg["to_barrier"]) == (a, b), rg
             # The barrier-to-snapshot mapping, recomputed from the simulator's own records.
-            assert rg["from_snapshot"] == table.snapshot_at(a), (rg, table.snapshot_at(a))
-            assert rg["to_snapshot"] == table.snapshot_at(b), (rg, table.snapshot_at(b))
+            expected = (table.snapshot_at(a), table.snapshot_at(b))
+            assert (rg["from_snapshot"], rg["to_snapshot"]) == expected, (
+                f"G1: {js.name} reads {source} in ({a}, {b}] as {rg}, but its snapshots "
+                f"there are {expected}"
+            )
             for row, n in table.read(rg["from_snapshot"], rg["to_snapshot"]).items():
-                delta[(jd.name, name, row)] += n
-        return delta
+                delta[(jd.name, source, row)] += n
+            ranges.append((source, a, b, rg["from_snapshot"], rg["to_snapshot"]))
+        return delta, sorted(ranges)
 
-    def _report_of(self, jd: JobDef, batch_id: int, barrier: int, snapshot_id: int | None) -> dict:
-        return {
-            "job": jd.name,
-            "batch_id": batch_id,
-            "barrier": barrier,
-            "table": jd.output,
-            "snapshot_id": snapshot_id,
-        }
+    # ------------------------------------------------------------------ reports
 
-    def flush(self, job: str, batched: bool = False) -> None:
-        """Deliver the job's outbox, oldest report first."""
-        jd, js = self.topo.job(job), self.jobs[job]
+    def _reports_of(self, js: JobState, p: Pending | Done) -> list[dict]:
+        """One report per output the batch was opened with (an added output gets an
+        empty commit)."""
+        main = p.snapshot.snapshot_id if isinstance(p, Pending) and p.snapshot else None
+        if isinstance(p, Done):
+            main = p.snapshot_id
+        return [
+            _report(js.name, p.batch_id, p.barrier, t, main if t == p.outputs[0] else None)
+            for t in p.outputs
+        ]
+
+    def flush_all(self) -> None:
+        for _, js in self.live():
+            self.flush(js)
+        for js in self.retired:
+            self._flush_zombie(js)
+        self.retired = []
+
+    def flush(self, js: JobState, batched: bool = False) -> None:
+        """Deliver the job's outbox, oldest first: its offline claims, then its reports."""
         while js.claims:
-            batch_id, barrier = js.claims[0]
+            p = js.claims[0]
             answer = self.call(
-                "POST", f"/jobs/{job}/batches/{batch_id}/barrier", {200}, json={"barrier": barrier}
+                "POST",
+                f"/jobs/{js.name}/batches/{p.batch_id}/barrier",
+                {200},
+                json={"barrier": p.barrier, "query_id": js.query},
             ).json()
-            assert answer["barrier"] == barrier, (answer, barrier)
+            assert answer["barrier"] == p.barrier, (answer, p.barrier)
             js.claims.pop(0)
-            self.log(f"claim {job} batch {batch_id} at {barrier}")
-        while js.outbox:
-            self._report(jd, js, js.outbox.pop(0), batched)
+            p.known, js.ran = True, True
+            if js.newest is None or p.batch_id >= js.newest[0]:
+                js.newest = (p.batch_id, p.barrier)
+            self.log(f"claim {js.name} batch {p.batch_id} at {p.barrier}")
+        while js.outbox and js.outbox[0].known:
+            self._report(js, js.outbox.pop(0), batched)
 
-    def _report(self, jd: JobDef, js: JobState, p: Pending, batched: bool) -> None:
-        snapshot_id = p.snapshot.snapshot_id if p.snapshot is not None else None
-        report = self._report_of(jd, p.batch_id, p.barrier, snapshot_id)
-        if batched:
-            body = self.call(
-                "POST", "/commits/batch", {200}, json={"commits": [report, report]}
-            ).json()
-            statuses = [r["status"] for r in body["results"]]
-            assert statuses == ["recorded", "duplicate"], body
-            assert (body["recorded"], body["duplicates"]) == (1, 1), body
-            assert all(r["batch_committed"] for r in body["results"]), body
-        else:
-            body = self.call("POST", "/commits", {200}, json=report).json()
-            assert body["status"] == "recorded" and body["batch_committed"], body
+    def _report(self, js: JobState, p: Pending, batched: bool) -> None:
+        jd = self.topo.job(js.logical)
+        reports = self._reports_of(js, p)
+        for i, report in enumerate(reports):
+            last = i == len(reports) - 1
+            if batched:
+                body = self.call(
+                    "POST", "/commits/batch", {200}, json={"commits": [report, report]}
+                ).json()
+                statuses = [r["status"] for r in body["results"]]
+                assert statuses == ["recorded", "duplicate"], body
+                assert (body["recorded"], body["duplicates"]) == (1, 1), body
+                assert all(r["batch_committed"] == last for r in body["results"]), body
+            else:
+                body = self.call("POST", "/commits", {200}, json=report).json()
+                assert body["status"] == "recorded" and body["batch_committed"] == last, body
         if p.snapshot is not None:
             p.snapshot.reported = True
-        js.done.append(Done(p.batch_id, p.barrier, p.answer, snapshot_id))
-        js.target = None
-        self.history.append(report)
-        self.log(f"report {report}")
-        if G1 in self.checks and not jd.is_source:
-            # A derived table is exact at every barrier it commits.
-            at = self.tables[jd.output].snapshot_at(p.barrier)
-            what = f"{jd.name} committed batch {p.batch_id} at {p.barrier}"
-            self.check_exact({jd.output: at}, p.barrier, what)
-            self.stats["G1 derived commits checked"] += 1
+        snapshot_id = p.snapshot.snapshot_id if p.snapshot is not None else None
+        js.done.append(Done(p.batch_id, p.barrier, p.start, p.answer, snapshot_id, p.outputs))
+        self.history.extend(reports)
+        self.log(f"report {reports}")
+        if not jd.is_source:
+            js.ends.add(p.barrier)
+            if G1 in self.checks:
+                # A derived table is exact at every barrier it commits.
+                at = self.tables[jd.output].snapshot_at(p.barrier)
+                what = f"{js.name} committed batch {p.batch_id} at {p.barrier}"
+                self.check_exact({jd.output: at}, p.barrier, what)
+                self.stats["G1 derived commits checked"] += 1
+
+    def _flush_zombie(self, js: JobState) -> None:
+        """Reports of a deleted job's driver arrive: refused, nothing changes."""
+        for p in js.outbox:
+            for report in self._reports_of(js, p):
+                self.refused("POST", "/commits", 404, {"not_found", "unknown_job"}, json=report)
+                self.stats["late report of a deleted job refused"] += 1
 
     # ------------------------------------------------------------------ G3
 
@@ -793,21 +1102,27 @@ class Simulation:
             return "nothing to replay"
         d = js.done[pick % len(js.done)]
         before = self.state([jd.output], job_fields=False) if G3 in self.checks else None
-        answer = self.call("POST", f"/jobs/{job}/batches/{d.batch_id}/barrier", {200}).json()
-        assert answer["barrier"] == d.barrier, f"{job} batch {d.batch_id}: {answer} was {d.barrier}"
-        assert answer["committed"], f"{job} batch {d.batch_id} was reported: {answer}"
-        assert answer["start_barrier"] == d.answer["start_barrier"], (answer, d.answer)
-        assert _ranges(answer) == _ranges(d.answer), (answer, d.answer)
-        # The sink finds the batch in the table's snapshot summaries, writes nothing, reports again.
-        found = self.tables[jd.output].find(job, d.batch_id)
+        body: dict[str, Any] = {"query_id": js.query}
+        if d.start is not None:
+            body.update(start=d.start, end=d.barrier)
+        path = f"/jobs/{js.name}/batches/{d.batch_id}/barrier"
+        answer = self.call("POST", path, {200}, json=body).json()
+        assert answer["barrier"] == d.barrier, f"{js.name} batch {d.batch_id}: {answer} was {d}"
+        assert answer["committed"], f"{js.name} batch {d.batch_id} was reported: {answer}"
+        assert answer["start_barrier"] == d.answer.get("start_barrier"), (answer, d.answer)
+        if "inputs" in d.answer:
+            assert _ranges(answer) == _ranges(d.answer), (answer, d.answer)
+        # The sink finds the batch in the table's snapshot summaries, writes nothing,
+        # reports again.
+        found = self.tables[jd.output].find(js.name, d.batch_id)
         assert (found.snapshot_id if found else None) == d.snapshot_id
-        report = self._report_of(jd, d.batch_id, d.barrier, d.snapshot_id)
-        body = self.call("POST", "/commits", {200}, json=report).json()
-        assert body["status"] == "duplicate" and body["batch_committed"], body
+        for report in self._reports_of(js, d):
+            body = self.call("POST", "/commits", {200}, json=report).json()
+            assert body["status"] == "duplicate" and body["batch_committed"], body
         if before is not None:
             assert self.state([jd.output], job_fields=False) == before, "replay changed the mapping"
         self.stats["replayed finished batch"] += 1
-        self.log(f"replay {job} batch {d.batch_id} at {d.barrier}: same barrier, duplicate report")
+        self.log(f"replay {js.name} batch {d.batch_id} at {d.barrier}: same, duplicate report")
         return "replayed"
 
     def duplicate(self, pick: int = 0, batched: bool = False) -> str:
@@ -816,6 +1131,7 @@ class Simulation:
         report = self.history[pick % len(self.history)]
         other = self.history[(pick * 7 + 3) % len(self.history)]
         touched = sorted({report["table"], other["table"]} if batched else {report["table"]})
+        touched = [t for t in touched if t in self.tables]
         before = self.state(touched) if G3 in self.checks else None
         if batched:
             body = self.call(
@@ -832,31 +1148,35 @@ class Simulation:
         self.log(f"duplicate {report}: status duplicate")
         return "duplicate"
 
-    def _written_batch(self) -> tuple[JobDef, Pending] | None:
+    def _written_batch(self) -> tuple[JobState, Pending] | None:
         """A batch committed to its table but not reported: an existing one, or the
         next batch of the first job that has one to run, crashed before its report."""
-        for jd in self.topo.jobs:
-            p = self.jobs[jd.name].pending
-            if p is not None and p.written:
-                return jd, p
-        for jd in self.topo.jobs:
+        for _, js in self.live():
+            p = js.pending
+            if p is not None and p.written and p.known and not p.abandoned:
+                return js, p
+        for jd, js in self.live():
+            if js.pending is not None or js.claims:
+                continue
             if self.run(jd.name, fail="after_commit") == "crashed before report":
-                return jd, self.jobs[jd.name].pending  # type: ignore[return-value]
+                return js, js.pending  # type: ignore[return-value]
         return None
 
     def conflict(self, pick: int = 0, kind: str = "other_snapshot", bundle: bool = False) -> str:
+        if kind in ("plan_mismatch", "empty_range"):
+            return self._refused_plan(pick, kind)
         if not self.history:
             return "no report yet"
         report = self.history[pick % len(self.history)]
         bad: dict | None = None
         if kind == "stolen_snapshot":
             # An open batch claims a snapshot the table already has for another batch.
-            for jd in self.topo.jobs:
-                p = self.jobs[jd.name].pending
+            for jd, js in self.live():
+                p = js.pending
                 taken = self.tables[jd.output].reported()
-                if p is not None and taken:
+                if p is not None and p.known and not p.abandoned and taken:
                     stolen = taken[pick % len(taken)].snapshot_id
-                    bad = self._report_of(jd, p.batch_id, p.barrier, stolen)
+                    bad = _report(js.name, p.batch_id, p.barrier, jd.output, stolen)
                     break
         if kind == "no_snapshot" and report["snapshot_id"] is not None:
             bad = {**report, "snapshot_id": None}
@@ -871,30 +1191,236 @@ class Simulation:
             body = [self.history[(pick * 7 + 3) % len(self.history)]]
             written = self._written_batch()
             if written is not None:
-                jd, p = written
-                snapshot_id = p.snapshot.snapshot_id if p.snapshot is not None else None
-                body.append(self._report_of(jd, p.batch_id, p.barrier, snapshot_id))
+                js, p = written
+                body.append(self._reports_of(js, p)[0])
             body.append(bad)
-        touched = sorted({r["table"] for r in body})
-        before = self.state(touched) if G3 in self.checks else None
+        codes = {"conflicting_report", "barrier_mismatch"}
         if len(body) == 1:
-            r = self.call("POST", "/commits", {409}, json=bad)
+            self.refused("POST", "/commits", 409, codes, json=bad)
         else:
-            r = self.call("POST", "/commits/batch", {409}, json={"commits": body})
-        assert r.json()["code"] in {"conflicting_report", "barrier_mismatch"}, r.text
-        if before is not None:
-            assert self.state(touched) == before, f"refused {body} changed the service's state"
+            self.refused("POST", "/commits/batch", 409, codes, json={"commits": body})
         self.stats["conflict refused"] += 1
-        self.log(f"conflict {kind} {body}: 409 {r.json()['code']}")
+        self.log(f"conflict {kind} {body}: refused")
         return "refused"
 
-    # ------------------------------------------------------------------ G1
+    def _refused_plan(self, pick: int, kind: str) -> str:
+        """A derived batch Spark planned otherwise than the service handed it out."""
+        for jd, js in self.live():
+            if jd.is_source:
+                continue
+            path = f"/jobs/{js.name}/batches"
+            if kind == "plan_mismatch" and js.done:
+                d = js.done[pick % len(js.done)]
+                body = {"start": d.start, "end": d.barrier + self.interval, "query_id": js.query}
+                self.refused(
+                    "POST", f"{path}/{d.batch_id}/barrier", 409, {"batch_plan_mismatch"}, json=body
+                )
+                self.stats["plan mismatch refused"] += 1
+                return "refused"
+            if kind == "empty_range" and js.planned is None and js.pending is None:
+                body = {"start": js.offset, "end": js.offset, "query_id": js.query}
+                self.refused(
+                    "POST", f"{path}/{js.next_batch}/barrier", 409, {"empty_range"}, json=body
+                )
+                self.stats["empty range refused"] += 1
+                return "refused"
+        return "no derived batch"
+
+    def reset_query(self, job: str) -> str:
+        """A Spark query re-created under the job's name (a new checkpoint) starts at
+        batch 0 from the job's frontier; its batch must be refused."""
+        jd, js = self.topo.job(job), self.jobs[job]
+        if not js.ran or js.asked:
+            return "no batch yet"
+        new = f"{js.query}-reset"
+        path = f"/jobs/{js.name}/batches/0/barrier"
+        if jd.is_source:
+            self.refused("POST", path, 409, {"query_reset"}, json={"query_id": new})
+            self.stats["reset query refused"] += 1
+            return "refused"
+        start = self.call("GET", f"/jobs/{js.name}", {200}).json()["frontier"]
+        ends = set()
+        for source in jd.inputs:
+            r = self.call(
+                "GET",
+                f"/jobs/{js.name}/next-barrier",
+                {200, 409},
+                params={"after": start, "source": source},
+            )
+            if r.status_code == 409:
+                # Its newest batch is not reported yet: the frontier is no batch's end.
+                assert r.json()["code"] == "unknown_start", r.text
+                return "unknown start"
+            ends.add(r.json()["barrier"])
+        assert len(ends) == 1, f"G1: the reset query's sources of {js.name} disagree: {ends}"
+        end = ends.pop()
+        if end == start:
+            return "nothing to run"
+        body = {"start": start, "end": end, "query_id": new}
+        self.refused("POST", path, 409, {"query_reset"}, json=body)
+        self.stats["reset query refused"] += 1
+        return "refused"
+
+    # ------------------------------------------------------------------ job changes
+
+    def reregister(self, job: str, change: str = "same") -> str:
+        jd, js = self.topo.job(job), self.jobs[job]
+        path = f"/jobs/{js.name}"
+        spec = self.spec(jd, js)
+        extra = f"{jd.output}_x"
+        if change == "same":
+            before = self._frontiers_of_jobs()
+            view = self.call("PUT", path, {200}, json=spec).json()
+            assert (set(view["inputs"]), set(view["outputs"])) == (
+                set(spec["inputs"]),
+                set(spec["outputs"]),
+            ), view
+            assert self._frontiers_of_jobs() == before, "re-registering the same spec moved jobs"
+            return "same"
+        if change == "add_output":
+            if extra in js.outputs:
+                return "has it"
+            js.outputs.append(extra)
+            self.call("PUT", path, {200}, json=self.spec(jd, js))
+            return "output added"
+        if change == "drop_output":
+            if extra not in js.outputs:
+                return "nothing to drop"
+            smaller = {**spec, "outputs": [o for o in js.outputs if o != extra]}
+            if js.open_in_service():
+                self.refused("PUT", path, 409, {"batch_open"}, json=smaller)
+                self.stats["output removal refused"] += 1
+                return "refused"
+            self.call("PUT", path, {200}, json=smaller)
+            js.outputs.remove(extra)
+            return "output dropped"
+        changed = self._identity_change(jd, change)
+        if changed is None:
+            return "no such change"
+        new = {**spec, "inputs": changed}
+        if js.ran:
+            body = self.refused("PUT", path, 409, {"job_identity_changed"}, json=new)
+            assert "new job" in body["message"], body
+            self.stats["identity change refused"] += 1
+            return "refused"
+        # A job that never ran may still change; put it back at once.
+        r = self.call("PUT", path, {200, 409}, json=new)
+        if r.status_code == 409:
+            # A derived job the service advanced has batches of the service's own.
+            assert not jd.is_source and r.json()["code"] == "job_identity_changed", r.text
+            return "refused"
+        self.call("PUT", path, {200}, json=spec)
+        return "changed and put back"
+
+    def _identity_change(self, jd: JobDef, change: str) -> list[str] | None:
+        position = self.topo.jobs.index(jd)
+        earlier = [j.output for j in self.topo.jobs[:position] if j.output not in jd.inputs]
+        if jd.is_source:
+            others = [j.output for j in self.topo.sources if j is not jd]
+            return [others[0] if others else "ext.feed"] if change != "drop_input" else None
+        if change == "kind":
+            return []
+        if change == "add_input":
+            return [*jd.inputs, earlier[0]] if earlier else None
+        if change == "drop_input":
+            return list(jd.inputs[:-1]) if len(jd.inputs) > 1 else None
+        raise ValueError(change)
+
+    def _frontiers_of_jobs(self) -> dict[str, int]:
+        items = self.call("GET", "/jobs", {200}, params={"limit": 1000}).json()["items"]
+        return {j["name"]: j["frontier"] for j in items}
+
+    def replace(self, job: str, drain: bool = True) -> str:
+        """Replace the writer of the job's table by a new job (see :class:`Replace`)."""
+        jd, js = self.topo.job(job), self.jobs[job]
+        readers = self.topo.readers(jd.output)
+        path = f"/jobs/{js.name}"
+        if readers:
+            self.refused("DELETE", path, 409, {"has_readers"})
+            self.stats["replacement refused: has readers"] += 1
+            return "refused"
+        if drain:
+            self.flush(js)
+        js.outbox = [p for p in js.outbox if p.known]  # undelivered claims die with it
+        if js.outbox:
+            self.retired.append(js)
+        self.call("DELETE", path, {204})
+        # The table stays in the service, writerless; its history went with the job.
+        r = self.call("GET", "/versions/consistent", {409}, params={"tables": jd.output}).json()
+        assert r["code"] == "no_writer", r
+        self.call("GET", f"/tables/{jd.output}/expirable", {200})
+        name = f"{jd.name}.r{next(self._incarnations)}"
+        self.call("PUT", f"/jobs/{name}", {201}, json=self.spec(jd))
+        self.jobs[jd.name] = JobState(jd.name, name, f"q-{name}", [jd.output])
+        self.tables[jd.output] = TableState(jd.output)
+        self.reserved[jd.output] = set()
+        if jd.is_source:
+            self.source_rows[jd.output] = []
+        self.history = [r for r in self.history if r["job"] != js.name]
+        self.last_frontier.pop(jd.output, None)
+        self.complete.pop(jd.output, None)
+        self.last_version = {k: v for k, v in self.last_version.items() if jd.output not in k}
+        self.stats["writer replaced"] += 1
+        self.log(f"replaced {js.name} by {name} as the writer of {jd.output}")
+        return "replaced"
+
+    def abandon(self, job: str) -> str:
+        """An operator abandons a dead source driver's open batch."""
+        jd, js = self.topo.job(job), self.jobs[job]
+        if not jd.is_source:
+            if js.done:
+                path = f"/jobs/{js.name}/batches/{js.done[-1].batch_id}/abandon"
+                self.refused("POST", path, 409, {"not_source"})
+            return "not a source job"
+        p = js.pending
+        if p is None or not p.known or p.abandoned:
+            if js.done and (p is None or p.batch_id != js.done[-1].batch_id):
+                path = f"/jobs/{js.name}/batches/{js.done[-1].batch_id}/abandon"
+                self.refused("POST", path, 409, {"batch_committed"})
+            return "no open batch"
+        path = f"/jobs/{js.name}/batches/{p.batch_id}/abandon"
+        for _ in range(2):  # idempotent
+            view = self.call("POST", path, {200}).json()
+            assert (view["batch_id"], view["barrier"]) == (p.batch_id, p.barrier), view
+        p.abandoned = True
+        self._forget_rows(jd, p.delta)  # not ingested: the replay ingests them anew
+        self.stats["batch abandoned"] += 1
+        self.log(f"abandoned {js.name} batch {p.batch_id} at {p.barrier} (written={p.written})")
+        return "abandoned"
+
+    def _replay_abandoned(
+        self, jd: JobDef, js: JobState, p: Pending, fail: str, batched: bool
+    ) -> str:
+        """The restarted driver of an abandoned batch: a commit the dead driver made is
+        reported late (refused) and rolled back; the replay gets a new barrier."""
+        if p.written:
+            for report in self._reports_of(js, p):
+                self.refused("POST", "/commits", 409, {"batch_abandoned"}, json=report)
+            if p.snapshot is not None:
+                self.tables[jd.output].roll_back(p.snapshot)
+            self.stats["late report of an abandoned batch refused"] += 1
+        answer = self._ask(js, p.batch_id, {"query_id": js.query})
+        b = answer["barrier"]
+        seen = self.complete.get(jd.output, 0)
+        assert b > seen and b >= self.now_slot() and b >= p.barrier, (
+            f"the replay of abandoned batch {p.batch_id} of {js.name} (at {p.barrier}) got "
+            f"{b}; readers took {seen} as complete"
+        )
+        q = js.pending = Pending(
+            p.batch_id, b, answer, self._ingest(jd, max(1, len(p.delta)), b), tuple(js.outputs)
+        )
+        js.newest = (p.batch_id, b)
+        self.stats["abandoned batch replayed"] += 1
+        self.log(f"replay of abandoned {js.name} batch {p.batch_id}: barrier {b}")
+        return self._finish(jd, js, q, fail, batched)
+
+    # ------------------------------------------------------------------ G1, G2
 
     def oracle(self, table: str, barrier: int, _memo: dict | None = None) -> Counter:
         """The table recomputed from the source rows with barrier <= ``barrier``."""
         memo = {} if _memo is None else _memo
         if table in memo:
-            return memo[table]
+            return memo[table]  # type: ignore[no-any-return]
         job = self.topo.writer(table)
         if job.is_source:
             out = Counter(r for r in self.source_rows[table] if r[2] <= barrier)
@@ -920,22 +1446,60 @@ class Simulation:
                 )
         assert combine(contents) == combine(expected), f"G1: {what}: joined result differs"
 
+    def observe(self) -> dict[str, int]:
+        """Every job's frontier (GET /jobs), by logical job; a derived job's frontier is
+        a barrier one of its batches ended at (G2's record of batches)."""
+        fronts = self._frontiers_of_jobs()
+        out = {}
+        for jd, js in self.live():
+            front = fronts[js.name]
+            out[jd.name] = front
+            if not jd.is_source and front > 0:
+                js.ends.add(front)
+        return out
+
+    def g2_floor(
+        self, tables: Sequence[str], fronts: dict[str, int], at_or_before: int | None
+    ) -> tuple[int, int] | None:
+        """(M, P): the barrier the consistent version of ``tables`` must reach by the
+        bound of ``frontiers.aligned_target`` (see :func:`g2_bound`), or None."""
+        least = min(fronts[self.topo.writer(t).name] for t in tables)
+        if at_or_before is not None:
+            least = min(least, at_or_before - at_or_before % self.interval)
+        jobs = self.topo.derived_closure(tables)
+        if not jobs:
+            return (least, 1) if least > 0 else None
+        return g2_bound(least, [self.jobs[j.name].ends for j in jobs], self.interval)
+
     def version(
         self,
         tables: Sequence[str],
         at_or_before: int | None = None,
         lease_seconds: int | None = None,
     ) -> dict | None:
-        """The consistent version of ``tables`` (None on 409), checked against the oracle."""
+        """The consistent version of ``tables`` (None on 409), checked against the oracle
+        (G1), the bound (G2) and the expiry reservations (G5)."""
         params: dict[str, Any] = {"tables": ",".join(tables)}
         if at_or_before is not None:
             params["at_or_before"] = at_or_before
         if lease_seconds is not None:
             params["lease_seconds"] = lease_seconds
+        bound = None
+        if G2 in self.checks:
+            bound = self.g2_floor(tables, self.observe(), at_or_before)
         r = self.call("GET", "/versions/consistent", {200, 409}, params=params)
         if r.status_code == 409:
-            assert r.json()["code"] == "no_consistent_version", r.text
-            self.log(f"version {params}: none")
+            code = r.json()["code"]
+            assert code in {"no_consistent_version", "expired"}, r.text
+            if code == "expired":
+                self.stats["version refused: expired"] += 1
+            else:
+                assert bound is None, (
+                    f"G2: no consistent version of {tables} (at_or_before {at_or_before}), "
+                    f"but by the bound of aligned_target it is at least {bound[0]} "
+                    f"(P = {bound[1]} slots)"
+                )
+            self.log(f"version {params}: {code}")
             return None
         v = r.json()
         b = v["barrier"]
@@ -949,23 +1513,57 @@ class Simulation:
         if G1 in self.checks:
             self.check_exact(v["snapshots"], b, f"consistent version {params} = {v}")
             self.stats["G1 versions checked"] += 1
+        if G2 in self.checks:
+            if bound is not None:
+                assert b >= bound[0], (
+                    f"G2: consistent version {v} of {tables} (at_or_before {at_or_before}) "
+                    f"is below {bound[0]}, the bound of aligned_target with P = {bound[1]} "
+                    f"slots (frontiers and batches seen: "
+                    f"{ {j.name: sorted(self.jobs[j.name].ends) for j in self.topo.derived} })"
+                )
+                self.stats["G2 bound checked"] += 1
+                if bound[1] > 1:
+                    self.stats["G2 bound checked with batches over one slot"] += 1
+            key = tuple(sorted(tables))
+            if at_or_before is None:
+                assert b >= self.last_version.get(key, 0), (
+                    f"G2: the consistent version of {key} went back from "
+                    f"{self.last_version[key]} to {b}"
+                )
+                self.last_version[key] = b
+        for t, s in v["snapshots"].items():
+            self.complete[t] = max(self.complete.get(t, 0), b)
+            if G5 in self.checks:
+                assert s not in self.reserved[t], (
+                    f"G5: version {v} names snapshot {s} of {t}, reserved for expiry"
+                )
         if lease_seconds is not None:
             assert v["lease_expires_ms"] == self.now() + lease_seconds * 1000, v
             self.leases[v["lease_id"]] = LeaseRecord(
                 v["lease_id"], v["lease_expires_ms"], b, dict(v["snapshots"])
             )
-        return v
+        return v  # type: ignore[no-any-return]
 
     def frontiers(self) -> dict[str, int]:
         """Every table's frontier (GET /tables). For G1: each table contains, at its
         frontier, exactly the source data up to it; frontiers never go back."""
         items = self.call("GET", "/tables", {200}, params={"limit": 1000}).json()["items"]
-        fronts = {t["name"]: t["frontier"] for t in items}
+        fronts = {t["name"]: t["frontier"] for t in items if t["name"] in self.tables}
         assert set(fronts) == set(self.topo.tables), fronts
         for t, f in fronts.items():
+            jd = self.topo.writer(t)
+            js = self.jobs[jd.name]
             assert f is not None and f % self.interval == 0, (t, f)
-            assert f >= self.last_frontier.get(t, 0), f"frontier of {t} went back to {f}"
+            assert f >= self.last_frontier.get(t, 0), (
+                f"frontier of {t} went back from {self.last_frontier[t]} to {f}"
+            )
+            # A slot is over once the clock left it; a job's own batches ahead of the
+            # clock (an offline claim) do not end a slot for anyone.
             assert f < self.now_slot() or f == 0, f"frontier of {t} at {f}: its slot is not over"
+            if not jd.is_source and f > 0:
+                js.ends.add(f)
+            if f > 0:
+                self.complete[t] = max(self.complete.get(t, 0), f)
             if G1 in self.checks and f > 0:
                 self.check_exact({t: self.tables[t].snapshot_at(f)}, f, f"frontier of {t} = {f}")
                 self.stats["G1 frontiers checked"] += 1
@@ -996,22 +1594,28 @@ class Simulation:
         reasons.setdefault(reported[-1].snapshot_id, []).append("current")
         for lease in self.leases.values():
             snapshot = lease.snapshots.get(table)
-            if lease.expires_ms > self.now() and snapshot is not None:
+            if lease.expires_ms > self.now() and snapshot is not None and ts.has(snapshot):
                 reasons.setdefault(snapshot, []).append(f"lease {lease.lease_id}")
         for reader in self.topo.readers(table):
-            frontier = self.jobs[reader.name].frontier
-            start = ts.snapshot_at(frontier)
+            # The next batch of the reader's Spark query reads from its offset on (the
+            # end of its last batch; a batch in flight still needs it).
+            js = self.jobs[reader.name]
+            start = ts.snapshot_at(js.offset)
             pinned = start if start is not None else reported[0].snapshot_id
-            reasons.setdefault(pinned, []).append(f"start of {reader.name} (frontier {frontier})")
+            reasons.setdefault(pinned, []).append(f"start of {js.name} (offset {js.offset})")
         return reasons
 
-    def expiry(self, table: str) -> dict:
-        plan = self.call("GET", f"/tables/{table}/expirable", {200}).json()
+    def expiry(self, table: str, reserve: bool = False) -> dict:
+        if reserve and self._reserve is not None:
+            plan = self._reserve(table)
+            self.stats["expiry reserved"] += 1
+        else:
+            plan = self.call("GET", f"/tables/{table}/expirable", {200}).json()
         listed = [p["snapshot_id"] for p in plan["expirable"]]
         kept = [p["snapshot_id"] for p in plan["kept"]]
         reported = [s.snapshot_id for s in self.tables[table].reported()]
         assert listed + kept == reported, f"plan of {table} {plan} vs reported {reported}"
-        self.log(f"expiry {table}: expirable {listed}")
+        self.log(f"expiry {table}: expirable {listed}" + (" (reserved)" if reserve else ""))
         if G5 in self.checks:
             in_use = self.in_use(table)
             wrong = {s: in_use[s] for s in listed if s in in_use}
@@ -1025,7 +1629,23 @@ class Simulation:
             self.stats["G5 plans checked"] += 1
             if listed:
                 self.stats["G5 plans with expirable snapshots"] += 1
+        if reserve and self._reserve is not None:
+            self.reserved[table].update(listed)
         return plan
+
+
+def _report(job: str, batch_id: int, barrier: int, table: str, snapshot_id: int | None) -> dict:
+    return {
+        "job": job,
+        "batch_id": batch_id,
+        "barrier": barrier,
+        "table": table,
+        "snapshot_id": snapshot_id,
+    }
+
+
+def _fail(fail: str) -> str:
+    return f" fail={fail}" if fail != "none" else ""
 
 
 # --------------------------------------------------------------------------- strategies
@@ -1034,7 +1654,8 @@ class Simulation:
 @st.composite
 def topologies(draw: Any, max_sources: int = 3, max_derived: int = 4) -> Topology:
     """1..max_sources source jobs writing one table each, then 1..max_derived derived
-    jobs each reading 1-3 tables that already exist and writing a new one (a DAG)."""
+    jobs each reading 1-3 tables that already exist (in a random source order) and
+    writing a new one (a DAG)."""
     n_sources = draw(st.integers(1, max_sources))
     n_derived = draw(st.integers(1, max_derived))
     jobs = [JobDef(f"src{i}", f"ods.s{i}") for i in range(n_sources)]
@@ -1045,7 +1666,7 @@ def topologies(draw: Any, max_sources: int = 3, max_derived: int = 4) -> Topolog
                 st.sampled_from(existing), min_size=1, max_size=min(3, len(existing)), unique=True
             )
         )
-        jobs.append(JobDef(f"der{i}", f"dw.d{i}", tuple(sorted(inputs))))
+        jobs.append(JobDef(f"der{i}", f"dw.d{i}", tuple(inputs)))
     return Topology(tuple(jobs))
 
 
@@ -1058,41 +1679,42 @@ DEFAULT_WEIGHTS = {
     "duplicate": 1,
     "conflict": 1,
     "version": 2,
-    "release": 0,
     "expiry": 1,
-    "frontiers": 0,
 }
+
+_RUN_FAILS = ["none", "none", "none", "before_commit", "after_commit", "report_later"]
 
 
 def step_strategy(topology: Topology, kind: str) -> st.SearchStrategy[Step]:
-    jobs = st.sampled_from([j.name for j in topology.jobs])
+    names = [j.name for j in topology.jobs]
+    jobs = st.sampled_from(names)
     derived = st.sampled_from([j.name for j in topology.derived])
     tables = st.sampled_from(topology.tables)
     picks = st.integers(0, 50)
+    sources = st.sampled_from([j.name for j in topology.sources])
     if kind == "advance":
         return st.builds(
             Advance,
             st.one_of(st.integers(0, 3).map(lambda n: n * INTERVAL_MS), st.integers(0, 3000)),
         )
+    if kind == "long":  # batches spanning hundreds of slots
+        return st.builds(Advance, st.integers(100, 700).map(lambda n: n * INTERVAL_MS))
     if kind == "run":
         return st.builds(
             Run,
             jobs,
             rows=st.integers(0, 3),
-            fail=st.sampled_from(
-                ["none", "none", "none", "before_commit", "after_commit", "report_later"]
-            ),
-            peek=st.booleans(),
+            fail=st.sampled_from([*_RUN_FAILS, "before_plan"]),
             batched=st.booleans(),
+            mid=st.sampled_from(["none", "none", "flush"]),
         )
     if kind == "tick":
-        names = [j.name for j in topology.jobs]
         return st.builds(
             Tick,
             st.sets(st.sampled_from(names)).map(lambda js: tuple(n for n in names if n in js)),
         )
     if kind == "peek":
-        return st.builds(Peek, derived)
+        return st.builds(Peek, derived, st.integers(1, 2))
     if kind == "replay":
         return st.builds(Replay, jobs, picks)
     if kind == "duplicate":
@@ -1101,7 +1723,16 @@ def step_strategy(topology: Topology, kind: str) -> st.SearchStrategy[Step]:
         return st.builds(
             Conflict,
             picks,
-            st.sampled_from(["other_snapshot", "no_snapshot", "other_barrier", "stolen_snapshot"]),
+            st.sampled_from(
+                [
+                    "other_snapshot",
+                    "no_snapshot",
+                    "other_barrier",
+                    "stolen_snapshot",
+                    "plan_mismatch",
+                    "empty_range",
+                ]
+            ),
             st.booleans(),
         )
     if kind == "version":
@@ -1111,15 +1742,21 @@ def step_strategy(topology: Topology, kind: str) -> st.SearchStrategy[Step]:
             st.none() | st.integers(0, 6000),
             st.none() | st.integers(1, 30),
         )
+    if kind == "lease":
+        return st.builds(
+            Version,
+            st.lists(tables, min_size=1, max_size=3, unique=True).map(lambda ts: tuple(sorted(ts))),
+            st.none() | st.integers(0, 20_000),
+            st.integers(1, 30),
+        )
     if kind == "release":
         return st.builds(Release, picks)
     if kind == "expiry":
-        return st.just(Expiry())
+        return st.builds(Expiry, st.none() | tables, st.booleans())
     if kind == "frontiers":
         return st.just(Frontiers())
-    if kind in ("report_in", "offline", "release_grant") and not topology.sources:
-        return st.just(Frontiers())
-    sources = st.sampled_from([j.name for j in topology.sources])
+    if kind == "flush":
+        return st.builds(Flush, st.none() | jobs)
     if kind == "report_in":
         return st.builds(ReportIn, sources)
     if kind == "release_grant":
@@ -1131,8 +1768,28 @@ def step_strategy(topology: Topology, kind: str) -> st.SearchStrategy[Step]:
             rows=st.integers(0, 3),
             fail=st.sampled_from(["offline", "offline", "before_commit", "after_commit"]),
         )
-    if kind == "flush":
-        return st.just(Flush())
+    if kind == "skewed":  # offline claims from a clock up to 60 s ahead
+        return st.builds(
+            Run,
+            sources,
+            rows=st.integers(0, 3),
+            fail=st.just("offline"),
+            ahead_ms=st.integers(1, 59).map(lambda s: s * INTERVAL_MS),
+        )
+    if kind == "reregister":
+        return st.builds(
+            Reregister,
+            jobs,
+            st.sampled_from(
+                ["same", "kind", "add_input", "drop_input", "add_output", "drop_output"]
+            ),
+        )
+    if kind == "replace":
+        return st.builds(Replace, jobs, st.booleans())
+    if kind == "abandon":
+        return st.builds(Abandon, sources)
+    if kind == "reset_query":
+        return st.builds(ResetQuery, jobs)
     raise ValueError(kind)
 
 
