@@ -205,7 +205,8 @@ class Demo:
             spark,
             url,
             job="build_order_detail",
-            inputs=["ods.orders", "ods.items"],
+            inputs=["ods.orders"],
+            lookups=["ods.items"],  # an upsert table: read at each batch's barrier, not streamed
             outputs={DETAIL: DETAIL_SCHEMA},
             description="orders priced at their barrier",
         )

@@ -53,7 +53,8 @@ def test_demo_topology_revenue_equals_sum_of_amounts_at_every_consistent_version
         spark,
         service,
         job="build_order_detail",
-        inputs=["ods.orders", "ods.items"],
+        inputs=["ods.orders"],
+        lookups=["ods.items"],
         outputs={demo.DETAIL: demo.DETAIL_SCHEMA},
     )
     revenue = _register(
