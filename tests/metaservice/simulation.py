@@ -325,11 +325,13 @@ class Replace(Compact):
 
 @dataclass(frozen=True, repr=False)
 class Abandon(Compact):
-    """A source driver died with its open batch: an operator abandons the batch; the
-    restarted driver replays it on the job's next Run (a batch it had committed to
-    Iceberg first reports late, is refused, and is rolled back)."""
+    """A source driver dies with its open batch (the one it has, or its next one, after
+    its Iceberg commit if ``written``): an operator abandons the batch; the restarted
+    driver replays it on the job's next Run (a batch it had committed to Iceberg first
+    reports late, is refused, and is rolled back)."""
 
     job: str
+    written: bool = False
 
 
 @dataclass(frozen=True, repr=False)
@@ -721,8 +723,8 @@ class Simulation:
                 return self.reregister(job, change)
             case Replace(job, drain):
                 return self.replace(job, drain)
-            case Abandon(job):
-                return self.abandon(job)
+            case Abandon(job, written):
+                return self.abandon(job, written)
             case ResetQuery(job):
                 return self.reset_query(job)
         raise AssertionError(f"unknown step {step!r}")
@@ -757,6 +759,8 @@ class Simulation:
     ) -> str:
         jd, js = self.topo.job(job), self.jobs[job]
         if jd.is_source:
+            if ahead_ms and js.floor is None and not js.claims:
+                self.report_in(job)  # a job giving itself barriers holds a grant
             return self._run_source(jd, js, rows, fail, batched, ahead_ms)
         return self._run_derived(jd, js, fail, batched, mid)
 
@@ -802,9 +806,6 @@ class Simulation:
         assert answer["job"] == js.name and answer["batch_id"] == batch_id, answer
         assert not answer["committed"], f"{js.name} batch {batch_id} is not reported: {answer}"
         assert b % self.interval == 0 and b > 0, f"barrier {b} off grid"
-        assert b <= self.now_slot() or (js.newest is not None and b <= js.newest[1]), (
-            f"{js.name} batch {batch_id}: barrier {b} is in the future ({answer})"
-        )
         return answer  # type: ignore[no-any-return]
 
     def _ingest(self, jd: JobDef, rows: int, barrier: int) -> Counter:
@@ -864,7 +865,8 @@ class Simulation:
             p.claimed, p.known = True, False
             js.claims.append(p)
         self.log(f"run {js.name} batch {batch_id} offline -> barrier {p.barrier}" + _fail(fail))
-        return self._finish(jd, js, p, fail, False)
+        # Offline, the report waits in the outbox with the claim.
+        return self._finish(jd, js, p, "report_later" if fail == "offline" else fail, False)
 
     def report_in(self, job: str) -> str:
         jd, js = self.topo.job(job), self.jobs[job]
@@ -956,6 +958,11 @@ class Simulation:
             assert nb["start_barrier"] == js.offset, (nb, js.offset)
             assert nb["ready"] == (nb["barrier"] > js.offset), nb
             assert nb["barrier"] >= js.offset and nb["barrier"] % self.interval == 0, nb
+            assert nb["barrier"] < self.now_slot() or not nb["ready"], (
+                f"G2: {js.name}'s batch after {js.offset} ends at {nb['barrier']}, a slot "
+                f"that is not over (the clock is at {self.now()}): another job's clock moved "
+                "its barriers"
+            )
             js.asked[source] = nb["barrier"]
             self.log(f"offsets {js.name} source {source} after {js.offset}: {nb['barrier']}")
         if len(js.asked) < len(jd.inputs):
@@ -1035,6 +1042,9 @@ class Simulation:
                 json={"barrier": p.barrier, "query_id": js.query},
             ).json()
             assert answer["barrier"] == p.barrier, (answer, p.barrier)
+            self.stats["offline claim delivered"] += 1
+            if p.barrier > self.now_slot():
+                self.stats["claim ahead of the clock delivered"] += 1
             js.claims.pop(0)
             p.known, js.ran = True, True
             if js.newest is None or p.batch_id >= js.newest[0]:
@@ -1293,6 +1303,7 @@ class Simulation:
                 return "refused"
             self.call("PUT", path, {200}, json=smaller)
             js.outputs.remove(extra)
+            self.stats["output dropped"] += 1
             return "output dropped"
         changed = self._identity_change(jd, change)
         if changed is None:
@@ -1310,6 +1321,7 @@ class Simulation:
             assert not jd.is_source and r.json()["code"] == "job_identity_changed", r.text
             return "refused"
         self.call("PUT", path, {200}, json=spec)
+        self.stats["identity changed before the first batch"] += 1
         return "changed and put back"
 
     def _identity_change(self, jd: JobDef, change: str) -> list[str] | None:
@@ -1341,6 +1353,9 @@ class Simulation:
             return "refused"
         if drain:
             self.flush(js)
+        elif js.pending is None and not js.claims:
+            # The driver's last batch is in Iceberg, its report still on the way.
+            self.run(jd.name, fail="report_later")
         js.outbox = [p for p in js.outbox if p.known]  # undelivered claims die with it
         if js.outbox:
             self.retired.append(js)
@@ -1364,14 +1379,16 @@ class Simulation:
         self.log(f"replaced {js.name} by {name} as the writer of {jd.output}")
         return "replaced"
 
-    def abandon(self, job: str) -> str:
-        """An operator abandons a dead source driver's open batch."""
+    def abandon(self, job: str, written: bool = False) -> str:
+        """A source driver dies with an open batch, which an operator abandons."""
         jd, js = self.topo.job(job), self.jobs[job]
         if not jd.is_source:
             if js.done:
                 path = f"/jobs/{js.name}/batches/{js.done[-1].batch_id}/abandon"
                 self.refused("POST", path, 409, {"not_source"})
             return "not a source job"
+        if js.pending is None and not js.claims:
+            self.run(job, fail="after_commit" if written else "before_commit")
         p = js.pending
         if p is None or not p.known or p.abandoned:
             if js.done and (p is None or p.batch_id != js.done[-1].batch_id):
@@ -1787,7 +1804,7 @@ def step_strategy(topology: Topology, kind: str) -> st.SearchStrategy[Step]:
     if kind == "replace":
         return st.builds(Replace, jobs, st.booleans())
     if kind == "abandon":
-        return st.builds(Abandon, sources)
+        return st.builds(Abandon, sources, st.booleans())
     if kind == "reset_query":
         return st.builds(ResetQuery, jobs)
     raise ValueError(kind)

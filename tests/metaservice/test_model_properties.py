@@ -895,6 +895,77 @@ def test_g2_a_job_stopped_after_its_sources_fixed_an_end_is_still_advanced(
         epilogue(sim)
 
 
+def test_g2_a_skewed_claim_puts_no_frontier_and_no_other_jobs_barrier_in_the_future(
+    backend: str,
+) -> None:
+    """s10_skew, one step further: a source job claims a barrier 50 s ahead of the
+    service's clock (its machine's clock runs fast), delivers it, releases its grant
+    (a clean stop) and restarts; its next batch, online, rightly follows its own newest
+    barrier. While that batch is open, its table's frontier must still be a slot that
+    is over, the consistent version of it must not go back once the batch commits, and
+    a derived job reading it must get no barrier ahead of the clock ("one job's clock
+    skew never moves another job's barriers")."""
+    topology = Topology((_S0, _S1, _D0))
+    with simulated(backend, topology, log=print) as sim:
+        for step in (
+            ReportIn("src0"),
+            Advance(1000),
+            Run("src0", rows=2, fail="offline", ahead_ms=50_000),
+            ReleaseGrant("src0"),  # delivers the claim and the report first
+            Advance(1000),
+            Run("src0", fail="report_later"),  # open at its own newest barrier
+            Run("src1"),
+        ):
+            sim.apply(step)
+        ahead = sim.jobs["src0"].newest[1]  # type: ignore[index]
+        now = sim.now_slot()
+        assert ahead >= now + 40 * INTERVAL_MS
+        table = sim.call("GET", "/tables/ods.s0", {200}).json()
+        first = sim.call(
+            "GET", "/versions/consistent", {200, 409}, params={"tables": "ods.s0"}
+        ).json()
+        planned = sim.call(
+            "GET", "/jobs/der0/next-barrier", {200}, params={"after": 0, "source": "ods.s0"}
+        ).json()
+        sim.apply(Flush())
+        later = sim.call(
+            "GET", "/versions/consistent", {200, 409}, params={"tables": "ods.s0"}
+        ).json()
+        problems = []
+        if table["frontier"] >= now:
+            problems.append(f"frontier of ods.s0 at {table['frontier']}, clock slot {now}")
+        if planned["barrier"] >= now:
+            problems.append(f"der0's next batch ends at {planned['barrier']}, clock slot {now}")
+        if "barrier" in first and later.get("barrier", 0) < first["barrier"]:
+            problems.append(
+                f"consistent version of ods.s0 went back from {first['barrier']} to {later}"
+            )
+        assert not problems, "G2: " + "; ".join(problems)
+        sim.run("der0")
+        epilogue(sim)
+
+
+def test_g2_a_skewed_jobs_abandoned_batch_moves_no_other_jobs_barrier(backend: str) -> None:
+    """A source job claims a barrier 37 s ahead of the service's clock; its next batch,
+    online, follows it (its own newest barrier) and its driver dies before committing.
+    An operator abandons the batch; the restarted driver's replay gets a new barrier,
+    again its own. Another source job's next batch must still get the service's
+    current slot."""
+    topology = Topology((_S0, _S1, JobDef("der0", "dw.d0", ("ods.s0", "ods.s1"))))
+    with simulated(backend, topology, log=print) as sim:
+        for step in (
+            Run("src1", rows=0, fail="offline", ahead_ms=37_000),
+            Flush(),
+            Run("src1", fail="before_commit"),
+            Abandon("src1"),
+            Run("src1"),
+            Run("src0"),  # asserts: the current slot, not src1's barrier
+            Advance(40_000),
+        ):
+            sim.apply(step)
+        epilogue(sim)
+
+
 # --------------------------------------------------------------------------- G3
 
 
