@@ -1,9 +1,10 @@
 """Frontiers, exactness and the alignment of derived jobs' targets.
 
 A table's frontier is its writer job's frontier. A source job's frontier is one
-slot below its oldest open batch or, when it has none, its sealed slot; sealing
-moves an idle source job's frontier up to the last closed slot under the job's
-row lock, so that a batch asking for a barrier afterwards is pushed past it.
+slot below its oldest open batch (never past the last closed slot) or, when it has
+none, its sealed slot; sealing moves an idle source job's frontier up to the last
+closed slot under the job's row lock, so that a batch asking for a barrier
+afterwards is pushed past it.
 A derived job's frontier is the last barrier it committed.
 
 While a source job holds an offline grant (``barriers/offline.py``) it may give
@@ -39,7 +40,10 @@ def frontiers(
             continue
         p = progress[job.id]
         if p.oldest_open is not None:
-            front = max(p.sealed, p.oldest_open - ctx.interval)
+            # Never past the last closed slot: a batch open at a barrier of the job's
+            # own clock, ahead of the service's (an offline claim, and the online
+            # batches that follow it), says nothing about the slots in between.
+            front = max(p.sealed, min(p.oldest_open - ctx.interval, ctx.closed_slot()))
         elif sealed_only:
             front = p.sealed
         else:

@@ -150,7 +150,7 @@ def _reopen_abandoned(session: Session, ctx: Context, job: Job, batch: Batch) ->
         "job %s batch %d was abandoned at barrier %d; replayed at %d",
         job.name, batch.batch_id, batch.barrier, barrier,
     )  # fmt: skip
-    repo.raise_last_issued(session, barrier)
+    repo.raise_last_issued(session, min(barrier, ctx.now_slot()))  # see open_source_batch
     batch.barrier = barrier
     batch.abandoned = False
     batch.outputs = topo.count_outputs(session, job.id)
