@@ -243,10 +243,18 @@ class MetaServiceClient:
         data = self._request("GET", f"/jobs/{job}/ranges", params={"after": after, "to": to})
         return [InputRange.model_validate(item) for item in data]
 
-    def claim_barriers(self, job: str, claims: Iterable[tuple[int, int]]) -> list[BatchBarrier]:
-        """Claim ``(batch_id, barrier)`` pairs a source job gave itself offline, in order,
-        all or nothing."""
-        body = {"claims": [{"batch_id": b, "barrier": barrier} for b, barrier in claims]}
+    def claim_barriers(
+        self, job: str, claims: Iterable[tuple[int, int] | tuple[int, int, str | None]]
+    ) -> list[BatchBarrier]:
+        """Claim the barriers a source job gave its batches offline, in order, all or
+        nothing: ``(batch_id, barrier)`` or ``(batch_id, barrier, query_id)`` each."""
+        items = []
+        for batch_id, barrier, *query in claims:
+            item: dict[str, Any] = {"batch_id": batch_id, "barrier": barrier}
+            if query and query[0] is not None:
+                item["query_id"] = query[0]
+            items.append(item)
+        body = {"claims": items}
         data = self._request("POST", f"/jobs/{job}/claims", json=body)
         return [BatchBarrier.model_validate(item) for item in data["results"]]
 

@@ -80,8 +80,8 @@ class OutboxReporter:
                 log.error("unknown outbox record %s; skipped", record)
 
     def _send_claims(self, claims: list[dict[str, Any]]) -> None:
-        pairs = [(r["batch_id"], r["barrier"]) for r in claims]
-        self.client.claim_barriers(claims[0]["job"], pairs)
+        items = [(r["batch_id"], r["barrier"], r.get("query_id")) for r in claims]
+        self.client.claim_barriers(claims[0]["job"], items)
 
     def _send_release(self, record: dict[str, Any]) -> None:
         self._send_or_split([record], lambda _: self.client.release_offline_grant(record["job"]))

@@ -108,10 +108,11 @@ def claim_many(
     batches = []
     for index, item in enumerate(claims):
         try:
-            check_query(session, job, item.batch_id, query_id, known.get(item.batch_id))
+            query = item.query_id or query_id
+            check_query(session, job, item.batch_id, query, known.get(item.batch_id))
             batch = _claim_one(session, ctx, job, item, known.get(item.batch_id), newest)
             if batch.query_id is None:
-                batch.query_id = query_id
+                batch.query_id = query
         except ServiceError as exc:
             if field_prefix:
                 exc.field = f"{field_prefix}{index}.{exc.field or 'barrier'}"

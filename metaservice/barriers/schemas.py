@@ -100,6 +100,9 @@ class ClaimedBarrier(BaseModel):
 
     batch_id: int = Field(ge=0, le=MAX_SIGNED_64)
     barrier: int = Field(ge=0, le=MAX_SIGNED_64, description="On the barrier grid, >= the floor")
+    query_id: str | None = Field(
+        None, min_length=1, max_length=64, description="The Spark query (checkpoint) identity"
+    )
 
 
 class ClaimBatch(BaseModel):

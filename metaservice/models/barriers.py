@@ -77,9 +77,7 @@ class BatchPlan(Base):
 
     __tablename__ = "batch_plans"
 
-    job_id: Mapped[int] = mapped_column(
-        ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
-    )
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
     after: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     barrier: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     asked: Mapped[str] = mapped_column(Text, default="", server_default="")
@@ -91,9 +89,7 @@ class BatchInput(Base):
 
     __tablename__ = "batch_inputs"
 
-    job_id: Mapped[int] = mapped_column(
-        ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
-    )
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
     batch_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     table_id: Mapped[int] = mapped_column(
         ForeignKey("tables.id", ondelete="CASCADE"), primary_key=True

@@ -370,3 +370,20 @@ def test_a_planned_or_open_batch_of_a_stopped_job_does_not_stop_its_advance(clie
     commit(client, "d", 1, b1, "dw.d", None)
     assert get_json(client, "/jobs/d")["frontier"] >= version["barrier"]
     assert consistent(client, "ods.s,dw.d").json()["barrier"] >= version["barrier"]
+
+
+def test_claims_delivered_in_bulk_carry_their_spark_query(client, clock, db_url):
+    put_job(client, "s", ["ods.s"])
+    client.put(f"{API}/jobs/s/offline-grant", json={"floor": 0})
+    clock.advance(SLOT)
+    b = clock.now_ms()
+    claims = [{"batch_id": i, "barrier": b, "query_id": "q-1"} for i in range(2)]
+    r = client.post(f"{API}/jobs/s/claims", json={"claims": claims})
+    assert r.status_code == 200, r.text
+    with unchanged(db_url):
+        r = client.post(
+            f"{API}/jobs/s/claims",
+            json={"claims": [{"batch_id": 0, "barrier": b, "query_id": "q-2"}]},
+        )
+        assert_error(r, 409, "query_reset", field="claims.0.query_id")
+    assert ask(client, "s", 2, query_id="q-2").status_code == 409
