@@ -251,11 +251,13 @@ class Conflict(Compact):
 
 @dataclass(frozen=True, repr=False)
 class Version(Compact):
-    """Ask for the consistent version of some tables (at_or_before = now - back_ms)."""
+    """Ask for the consistent version of some tables (at_or_before = now - back_ms),
+    with a lease of ``lease_s`` seconds (through POST /leases if ``post``)."""
 
     tables: tuple[str, ...]
     back_ms: int | None = None
     lease_s: int | None = None
+    post: bool = False
 
 
 @dataclass(frozen=True, repr=False)
@@ -701,9 +703,9 @@ class Simulation:
                 return self.duplicate(pick, batched)
             case Conflict(pick, kind, bundle):
                 return self.conflict(pick, kind, bundle)
-            case Version(tables, back_ms, lease_s):
+            case Version(tables, back_ms, lease_s, post):
                 at = None if back_ms is None else max(0, self.now() - back_ms)
-                return self.version(tables, at_or_before=at, lease_seconds=lease_s)
+                return self.version(tables, at_or_before=at, lease_seconds=lease_s, post=post)
             case Release(pick):
                 return self.release(pick)
             case Expiry(table, reserve):
@@ -1493,9 +1495,11 @@ class Simulation:
         tables: Sequence[str],
         at_or_before: int | None = None,
         lease_seconds: int | None = None,
+        post: bool = False,
     ) -> dict | None:
         """The consistent version of ``tables`` (None on 409), checked against the oracle
-        (G1), the bound (G2) and the expiry reservations (G5)."""
+        (G1), the bound (G2) and the expiry reservations (G5); with a lease taken through
+        ``GET /versions/consistent`` or, if ``post``, ``POST /leases``."""
         params: dict[str, Any] = {"tables": ",".join(tables)}
         if at_or_before is not None:
             params["at_or_before"] = at_or_before
@@ -1504,7 +1508,11 @@ class Simulation:
         bound = None
         if G2 in self.checks:
             bound = self.g2_floor(tables, self.observe(), at_or_before)
-        r = self.call("GET", "/versions/consistent", {200, 409}, params=params)
+        if post and lease_seconds is not None:
+            body = {**params, "tables": list(tables)}
+            r = self.call("POST", "/leases", {201, 409}, json=body)
+        else:
+            r = self.call("GET", "/versions/consistent", {200, 409}, params=params)
         if r.status_code == 409:
             code = r.json()["code"]
             assert code in {"no_consistent_version", "expired"}, r.text
@@ -1765,6 +1773,7 @@ def step_strategy(topology: Topology, kind: str) -> st.SearchStrategy[Step]:
             st.lists(tables, min_size=1, max_size=3, unique=True).map(lambda ts: tuple(sorted(ts))),
             st.none() | st.integers(0, 20_000),
             st.integers(1, 30),
+            st.booleans(),
         )
     if kind == "release":
         return st.builds(Release, picks)

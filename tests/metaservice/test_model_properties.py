@@ -1026,7 +1026,7 @@ LEASE_AFTER_PLAN = Scenario(
         Advance(1000),
         Run("der0"),
         Expiry("ods.s0", reserve=True),
-        Version(("ods.s0",), back_ms=3000, lease_s=30),
+        Version(("ods.s0",), back_ms=3000, lease_s=30, post=True),
         Expiry("ods.s0"),
         Release(0),
         Expiry("ods.s0", reserve=True),
