@@ -267,6 +267,17 @@ def _planned(
             field="end",
             code="empty_range",
         )
+    if end <= job.frontier:
+        # The MetaService advanced the idle job past this planned batch: its inputs
+        # did not change there, and a snapshot stamped at or below the frontier would
+        # change versions already handed out.
+        raise Conflict(
+            f"batch {batch_id} of job '{job.name}' ends at {end}, which the MetaService "
+            f"already advanced the job past (frontier {job.frontier}): none of its inputs "
+            "changed there, nothing to run, skip it",
+            field="end",
+            code="empty_range",
+        )
     planned_start = start if request.start is None else request.start
     if newest is not None and not newest.committed and newest.barrier != planned_start:
         raise Conflict(
@@ -411,15 +422,18 @@ def advance_idle(session: Session, ctx: Context, job: Job) -> bool:
     and its next target, its outputs are already exact there (G2: an idle job never
     holds readers back). Recorded as a committed batch of the MetaService's own.
 
-    A batch of the job that is planned or open (a driver that stopped, or one still
-    running it) starts at or after the frontier, so it reads nothing either: when it
-    commits, it makes no snapshot and the frontier keeps the larger barrier. So
-    neither holds the advance back. Locks the job; its upstream derived jobs are
+    Not while a batch is open: it may commit a snapshot stamped at or below the new
+    frontier, which would change a version already handed out. A batch only planned
+    (a driver that stopped before running it) does not hold the advance back: asked
+    for later, a planned batch that ends at or below the frontier is refused as an
+    empty range, so it never commits. Locks the job; its upstream derived jobs are
     advanced first, through ``_choose_target``.
     """
     if job.kind != DERIVED:
         return False
     job = repo.lock_job(session, job.id)
+    if repo.open_batch(session, job.id) is not None:
+        return False
     target = _choose_target(session, ctx, job, job.frontier)
     if target is None:
         return False
@@ -466,6 +480,8 @@ def could_advance(session: Session, ctx: Context, jobs: Sequence[Job]) -> bool:
         if job.kind != DERIVED or job.id in seen:
             return False
         seen.add(job.id)
+        if repo.open_batch(session, job.id) is not None:
+            return False
         inputs = topo.input_tables(session, job.id)
         writers = topo.jobs_by_ids(session, [t.writer_id for t in inputs if t.writer_id])
         if not inputs or len(writers) < len({t.writer_id for t in inputs}):

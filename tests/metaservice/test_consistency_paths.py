@@ -352,7 +352,7 @@ def test_deleting_a_job_forgets_its_plans_and_batch_inputs(client, clock, db_url
     assert next_barrier(client, "d", after=0, source="ods.a")["start_barrier"] == 0
 
 
-def test_a_planned_or_open_batch_of_a_stopped_job_does_not_stop_its_advance(client, clock):
+def test_a_planned_batch_of_a_stopped_job_does_not_stop_its_advance(client, clock, db_url):
     put_job(client, "s", ["ods.s"])
     put_job(client, "d", ["dw.d"], inputs=["ods.s"])
     run_batch(client, "s", 0, {"ods.s": 1})
@@ -361,15 +361,29 @@ def test_a_planned_or_open_batch_of_a_stopped_job_does_not_stop_its_advance(clie
     ask(client, "d", 0, start=0, end=b0)
     commit(client, "d", 0, b0, "dw.d", 10)
     clock.advance(3 * SLOT)
-    b1 = next_barrier(client, "d", after=b0, source="ods.s")["barrier"]
-    ask(client, "d", 1, start=b0, end=b1)  # the driver stops with batch 1 open
+    b1 = next_barrier(client, "d", after=b0, source="ods.s")["barrier"]  # then the driver stops
     clock.advance(100 * SLOT)
     version = consistent(client, "ods.s,dw.d").json()
     assert version["barrier"] > b1 and version["snapshots"] == {"ods.s": 1, "dw.d": 10}
-    # The restarted driver replays batch 1: it read nothing, and commits nothing.
-    commit(client, "d", 1, b1, "dw.d", None)
-    assert get_json(client, "/jobs/d")["frontier"] >= version["barrier"]
-    assert consistent(client, "ods.s,dw.d").json()["barrier"] >= version["barrier"]
+    # The restarted driver runs the planned batch: nothing to run, it never commits.
+    with unchanged(db_url):
+        assert_error(ask(client, "d", 1, start=b0, end=b1), 409, "empty_range")
+    nxt = next_barrier(client, "d", after=b1, source="ods.s")
+    assert nxt["barrier"] >= get_json(client, "/jobs/d")["frontier"]
+
+
+def test_an_open_batch_holds_the_advance_back(client, clock):
+    put_job(client, "s", ["ods.s"])
+    put_job(client, "d", ["dw.d"], inputs=["ods.s"])
+    run_batch(client, "s", 0, {"ods.s": 1})
+    clock.advance(2 * SLOT)
+    b0 = next_barrier(client, "d", after=0, source="ods.s")["barrier"]
+    ask(client, "d", 0, start=0, end=b0)  # open: it may still commit a snapshot at b0
+    clock.advance(100 * SLOT)
+    assert get_json(client, "/jobs/d")["frontier"] == 0
+    assert_error(consistent(client, "dw.d"), 409, "no_consistent_version")
+    commit(client, "d", 0, b0, "dw.d", 10)
+    assert consistent(client, "dw.d").json()["snapshots"] == {"dw.d": 10}
 
 
 def test_claims_delivered_in_bulk_carry_their_spark_query(client, clock, db_url):
