@@ -804,6 +804,9 @@ class Simulation:
         answer = self.call(
             "POST", f"/jobs/{js.name}/batches/{batch_id}/barrier", {200}, json=body
         ).json()
+        return self._check_answer(js, batch_id, answer)
+
+    def _check_answer(self, js: JobState, batch_id: int, answer: dict) -> dict:
         b = answer["barrier"]
         assert answer["job"] == js.name and answer["batch_id"] == batch_id, answer
         assert not answer["committed"], f"{js.name} batch {batch_id} is not reported: {answer}"
@@ -923,7 +926,15 @@ class Simulation:
             return "waiting for its inputs"
         delta, ranges = read
         body = {"start": a, "end": b, "query_id": js.query}
-        answer = self._ask(js, batch_id, body)
+        if js.pending is None:
+            r = self.call(
+                "POST", f"/jobs/{js.name}/batches/{batch_id}/barrier", {200, 409}, json=body
+            )
+            if r.status_code == 409:
+                return self._skip(js, batch_id, a, b, delta, ranges, r.json())
+            answer = self._check_answer(js, batch_id, r.json())
+        else:
+            answer = self._ask(js, batch_id, body)
         assert (answer["start_barrier"], answer["barrier"]) == (a, b), (
             f"G1: Spark planned batch {batch_id} of {js.name} as ({a}, {b}], the service "
             f"recorded {answer}"
@@ -943,6 +954,24 @@ class Simulation:
             js.newest = (batch_id, b)
         self.log(f"run {js.name} batch {batch_id} ({a}, {b}] inputs {ranges}" + _fail(fail))
         return self._finish(jd, js, p, fail, batched)
+
+    def _skip(
+        self, js: JobState, batch_id: int, a: int, b: int, delta: Counter, ranges: list, body: dict
+    ) -> str:
+        """The sink skips a planned batch the service refuses as empty: the service
+        advanced the idle job past its end, so it must read nothing (G1)."""
+        assert body.get("code") == "empty_range", f"{js.name} batch {batch_id} ({a}, {b}]: {body}"
+        assert not delta, (
+            f"G1: {js.name} batch {batch_id} ({a}, {b}] is refused as empty ({body}), but its "
+            f"inputs' ranges {ranges} hold rows {sorted(delta.elements())}"
+        )
+        front = self._frontiers_of_jobs()[js.name]
+        assert front >= b, f"{js.name} batch ({a}, {b}] refused as empty at frontier {front}"
+        js.ends.add(front)
+        js.offset, js.planned, js.next_batch = b, None, batch_id + 1  # Spark's commit log
+        self.stats["planned batch skipped: the job was advanced past it"] += 1
+        self.log(f"run {js.name} batch {batch_id} ({a}, {b}]: skipped, {body['message']}")
+        return "skipped"
 
     def _trigger(self, jd: JobDef, js: JobState, mid: str, budget: int | None) -> int | None:
         """Spark's latestOffset of each barrier source not asked yet in this trigger (at
