@@ -21,7 +21,9 @@ nothing about the service:
   ``f(rows read)`` (one row ``(job, input, row)`` per row read: a multiset, so a row
   read twice shows up twice) as a new snapshot stamped B, or reports
   ``snapshot_id: null`` when it read nothing. Its report may wait in the outbox
-  while the next trigger asks for offsets (even between its sources' calls);
+  while the next trigger asks for offsets (even between its sources' calls). A
+  planned batch the service refuses as an empty range (it advanced the idle job past
+  its end meanwhile) is skipped, as the sink does, and must have read no row;
 * the **oracle** recomputes any table as of barrier ``b`` from the source rows
   alone: a source table holds its rows with barrier ``<= b``, a derived table is
   ``f`` of its inputs' oracle contents.
@@ -1443,7 +1445,9 @@ class Simulation:
         reported late (refused) and rolled back; the replay gets a new barrier."""
         if p.written:
             for report in self._reports_of(js, p):
-                self.refused("POST", "/commits", 409, {"batch_abandoned"}, json=report)
+                # (an output dropped since the batch opened is no longer the job's)
+                codes = {"batch_abandoned"} if report["table"] in js.outputs else {"not_writer"}
+                self.refused("POST", "/commits", 409, codes, json=report)
             if p.snapshot is not None:
                 self.tables[jd.output].roll_back(p.snapshot)
             self.stats["late report of an abandoned batch refused"] += 1

@@ -552,10 +552,28 @@ REPLACED_WRITER_UNDER_A_LEASE = Scenario(
 )
 
 
+# An output added, a batch opened with it and abandoned, the output dropped (no batch is
+# open any more): the late report to the dropped output is not the job's any more, and
+# the replay of the batch reports to the job's outputs as they are now.
+OUTPUT_DROPPED_AFTER_ABANDON = Scenario(
+    Topology((_S0, _D0)),
+    (
+        Reregister("src0", "add_output"),
+        Abandon("src0", written=True),
+        Reregister("src0", "drop_output"),
+        Advance(1000),
+        Run("src0"),
+        Advance(1000),
+        Run("der0"),
+    ),
+)
+
+
 @pytest.mark.slow
 @_settings(examples=10)
 @given(scenario=scenarios(CHANGE_WEIGHTS, min_steps=10, max_steps=30))
 @example(scenario=CHANGES_WHILE_BATCHES_ARE_OPEN)
+@example(scenario=OUTPUT_DROPPED_AFTER_ABANDON)
 @example(scenario=REPLACED_WRITER_UNDER_A_LEASE)
 def test_job_changes_never_break_consistency(backend: str, scenario: Scenario) -> None:
     """Re-registrations (same spec; kind or inputs changed: refused with nothing changed
