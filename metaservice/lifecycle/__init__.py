@@ -1,1 +1,2 @@
-"""Which snapshots may be expired, and why the others are kept."""
+"""Snapshot lifecycle: the expiry plan, its execution (through pyiceberg), retention
+policies and the expiry schedule."""

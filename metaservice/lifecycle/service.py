@@ -1,8 +1,10 @@
-"""The expiry plan and its reservation (G5).
+"""The expiry plan, its reservation (G5), and retention policies.
 
-A snapshot is in use while it is the current snapshot, kept by the retention policy,
-inside a live lease, or the start position of a derived job reading the table. Only
-snapshots older than the oldest in-use one may be expired.
+A snapshot is in use while it is the current snapshot, kept by the table's retention
+policy (its own, else the service's default), inside a live lease, or the start
+position of a derived job reading the table. Only snapshots older than the oldest
+in-use one may be expired. Snapshots an expiry removed (see ``lifecycle.expiry``) are
+recorded and no longer part of any plan.
 
 Every registered reader counts, running or not: a stopped job restarts from its
 start position, and expiring that would break it.
@@ -26,10 +28,10 @@ from collections import defaultdict
 from sqlalchemy.orm import Session
 
 from metaservice.context import Context
-from metaservice.errors import NotFound
+from metaservice.errors import Invalid, NotFound
 from metaservice.lifecycle import repository as repo
 from metaservice.lifecycle.repository import Reported
-from metaservice.lifecycle.schemas import ExpiryPlan, PlannedSnapshot
+from metaservice.lifecycle.schemas import ExpiryPlan, PlannedSnapshot, Retention, RetentionUpdate
 from metaservice.models import DERIVED, Table
 from metaservice.names import check_table_name
 from metaservice.topology import repository as topo
@@ -78,7 +80,7 @@ def _plan(session: Session, ctx: Context, t: Table) -> ExpiryPlan:
             expirable=[],
             kept=[],
         )
-    reasons = _in_use(session, ctx, t.id, snapshots)
+    reasons = _in_use(session, ctx, t, snapshots)
     oldest = min(reasons)
     plan = [
         PlannedSnapshot(
@@ -100,22 +102,23 @@ def _plan(session: Session, ctx: Context, t: Table) -> ExpiryPlan:
 
 
 def _in_use(
-    session: Session, ctx: Context, table_id: int, snapshots: list[Reported]
+    session: Session, ctx: Context, t: Table, snapshots: list[Reported]
 ) -> dict[int, list[str]]:
     """Why each snapshot in use is, by its position in ``snapshots`` (never empty)."""
+    table_id = t.id
     reasons: dict[int, list[str]] = defaultdict(list)
     position = {c.snapshot_id: i for i, c in enumerate(snapshots)}
     now = ctx.now_ms()
     last = len(snapshots) - 1
     reasons[last].append("current snapshot")
-    keep_last = ctx.settings.retain_last_snapshots
-    for i in range(max(0, len(snapshots) - keep_last), len(snapshots)):
-        reasons[i].append(f"retention: one of the newest {keep_last}")
-    if ctx.settings.retain_seconds:
-        young = now - ctx.settings.retain_seconds * 1000
+    policy = _retention(session, ctx, t)
+    for i in range(max(0, len(snapshots) - policy.keep_last), len(snapshots)):
+        reasons[i].append(f"retention: one of the newest {policy.keep_last}")
+    if policy.keep_for_seconds:
+        young = now - policy.keep_for_seconds * 1000
         for i, c in enumerate(snapshots):
             if c.created_ms >= young:
-                reasons[i].append(f"retention: younger than {ctx.settings.retain_seconds} s")
+                reasons[i].append(f"retention: younger than {policy.keep_for_seconds} s")
     for lease_id, expires, snapshot in lease_repo.live_lease_snapshots(session, table_id, now):
         if snapshot is None:
             continue
@@ -140,3 +143,63 @@ def _in_use(
             f"start position of job '{reader.name}' (committed up to barrier {reader.frontier})"
         )
     return reasons
+
+
+def record_expired(
+    session: Session, ctx: Context, table: str, snapshots: list[PlannedSnapshot]
+) -> None:
+    """Record that an expiry removed ``snapshots`` of ``table`` (a write transaction):
+    no plan lists them again."""
+    t = topo.require_table(session, table)
+    removed = [Reported(s.snapshot_id, s.barrier, s.batch_id, 0) for s in snapshots]
+    repo.record_expired(session, t.id, removed, ctx.now_ms())
+
+
+def tables_to_expire(session: Session) -> list[str]:
+    """The tables an expiry round looks at: those with reported snapshots."""
+    return repo.tables_with_snapshots(session)
+
+
+# -- retention ------------------------------------------------------------------------------
+
+
+def get_retention(session: Session, ctx: Context, table: str) -> Retention:
+    check_table_name(table)
+    return _retention(session, ctx, topo.require_table(session, table))
+
+
+def put_retention(session: Session, ctx: Context, table: str, body: RetentionUpdate) -> Retention:
+    """Set the table's whole policy (a field left out follows the default)."""
+    check_table_name(table)
+    if body.keep_last is None and body.keep_for_seconds is None:
+        raise Invalid(
+            'give keep_last, keep_for_seconds or both, e.g. {"keep_last": 10}; to go back '
+            "to the service's defaults, DELETE the table's retention",
+            field="body",
+        )
+    t = topo.require_table(session, table)
+    repo.set_retention(session, t.id, body.keep_last, body.keep_for_seconds, ctx.now_ms())
+    return _retention(session, ctx, t)
+
+
+def delete_retention(session: Session, ctx: Context, table: str) -> Retention:
+    """Drop the table's own policy: the service's defaults apply again."""
+    check_table_name(table)
+    t = topo.require_table(session, table)
+    repo.delete_retention(session, t.id)
+    return _retention(session, ctx, t)
+
+
+def _retention(session: Session, ctx: Context, t: Table) -> Retention:
+    own = repo.retention(session, t.id)
+    keep_last = own.keep_last if own else None
+    keep_for = own.keep_for_seconds if own else None
+    return Retention(
+        table=t.name,
+        keep_last=ctx.settings.retention_keep_last if keep_last is None else keep_last,
+        keep_for_seconds=(
+            ctx.settings.retention_keep_for_seconds if keep_for is None else keep_for
+        ),
+        keep_last_is_default=keep_last is None,
+        keep_for_seconds_is_default=keep_for is None,
+    )

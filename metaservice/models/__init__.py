@@ -4,6 +4,7 @@ from metaservice.models.auth import ApiToken
 from metaservice.models.barriers import Batch, BatchInput, BatchPlan, ClockState, Commit
 from metaservice.models.base import Base
 from metaservice.models.leases import Lease, LeaseSnapshot
+from metaservice.models.lifecycle import ExpiredSnapshot, TableRetention
 from metaservice.models.topology import DERIVED, SOURCE, Job, JobInput, Table
 
 __all__ = [
@@ -16,9 +17,11 @@ __all__ = [
     "BatchPlan",
     "ClockState",
     "Commit",
+    "ExpiredSnapshot",
     "Job",
     "JobInput",
     "Lease",
     "LeaseSnapshot",
     "Table",
+    "TableRetention",
 ]

@@ -1,0 +1,209 @@
+"""The Iceberg side of an expiry: removing snapshots through pyiceberg, and finding and
+deleting the files only they referenced.
+
+This module imports pyiceberg (the ``iceberg`` extra); ``lifecycle.expiry`` imports it
+only when an expiry has something to remove, so the service runs without pyiceberg.
+Catalogs are loaded by ``spark_barrier.iceberg.catalog``, which imports no pyspark.
+
+Which files go: every file a removed snapshot reached (its manifest list, its manifests,
+and the data and delete files live in them), minus every file a snapshot still in the
+table reaches, read from the metadata committed by the removal itself. Branch and tag
+heads stay in the table, so whatever a ref uses is never deleted. A file is *live* in a
+manifest when its entry is ADDED or EXISTING: a DELETED entry records that the snapshot
+no longer has the file.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.sql import IcebergTables
+from pyiceberg.exceptions import CommitFailedException, NoSuchNamespaceError, NoSuchTableError
+from pyiceberg.io import FileIO
+from pyiceberg.manifest import DataFileContent, ManifestFile
+from pyiceberg.table import Table
+from sqlalchemy import inspect
+from sqlalchemy.exc import OperationalError, ProgrammingError
+
+from metaservice.settings import Settings
+
+log = logging.getLogger(__name__)
+
+CATALOG_NAME = "metaservice"
+# A removal loses the race against a concurrent commit at most this often in a row
+# before the expiry gives up (the reservation stands; the next run retries).
+COMMIT_ATTEMPTS = 5
+
+FileKind = Literal["data", "deletes", "manifest", "manifest_list"]
+
+
+def load_catalog(settings: Settings) -> Catalog:
+    """The jobs' catalog, as ``metaservice reconcile`` finds it: the ``catalog_properties``
+    setting (``METASERVICE_CATALOG_PROPERTIES``) when set, else a SQL catalog in the
+    MetaService's database with tables under ``warehouse``.
+
+    The service only reads and updates tables the jobs made: it never creates a SQL
+    catalog's own tables (``init_catalog_tables``), so an expiry on a database without
+    them changes nothing. ``spark_barrier.iceberg.catalog`` imports no pyspark.
+    """
+    from metaservice.reconcile.iceberg import catalog_properties
+    from spark_barrier.iceberg.catalog import load_catalog as load_by_properties
+
+    properties = catalog_properties(settings)
+    if _is_sql(properties):
+        properties.setdefault("init_catalog_tables", "false")
+    return load_by_properties(properties, CATALOG_NAME)
+
+
+def _is_sql(properties: dict[str, str]) -> bool:
+    kind = properties.get("type")
+    if kind is not None:
+        return kind.lower() == "sql"
+    return properties.get("uri", "").startswith(("sqlite", "postgres"))  # pyiceberg infers sql
+
+
+def close_catalog(catalog: Catalog) -> None:
+    """Release the catalog's database connections (a SQL catalog has an engine)."""
+    engine = getattr(catalog, "engine", None)
+    if engine is not None:
+        engine.dispose()
+
+
+def load_table(catalog: Catalog, identifier: str) -> Table | None:
+    """The table, or None when the catalog has no such table (a SQL catalog that no job
+    has written to yet has not even its own tables)."""
+    try:
+        return catalog.load_table(identifier)
+    except (NoSuchTableError, NoSuchNamespaceError):
+        return None
+    except (OperationalError, ProgrammingError):
+        engine = getattr(catalog, "engine", None)
+        if engine is not None and not inspect(engine).has_table(IcebergTables.__tablename__):
+            return None
+        raise
+
+
+@dataclass(frozen=True)
+class TableFile:
+    path: str
+    kind: FileKind
+    bytes: int
+
+
+class Snapshots:
+    """The snapshots of one loaded table, and the files each reaches (every manifest is
+    read once, however many snapshots list it)."""
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+        self.io: FileIO = table.io
+        self._entries: dict[str, list[TableFile]] = {}
+
+    @property
+    def ids(self) -> set[int]:
+        return {s.snapshot_id for s in self.table.metadata.snapshots}
+
+    def ref_heads(self) -> dict[int, list[str]]:
+        """The snapshots that branches and tags point at, with the refs' names."""
+        heads: dict[int, list[str]] = {}
+        for name, ref in sorted(self.table.metadata.refs.items()):
+            heads.setdefault(ref.snapshot_id, []).append(name)
+        return heads
+
+    def files(self, snapshot_ids: Iterable[int]) -> dict[str, TableFile]:
+        """Every file the snapshots reach, by path. Manifest lists are not sized here
+        (``bytes`` 0: sizing one is a request to the store; see :meth:`sized`)."""
+        found: dict[str, TableFile] = {}
+        for snapshot_id in snapshot_ids:
+            snapshot = self.table.metadata.snapshot_by_id(snapshot_id)
+            if snapshot is None:
+                continue
+            listing = snapshot.manifest_list
+            found.setdefault(listing, TableFile(listing, "manifest_list", 0))
+            for manifest in snapshot.manifests(self.io):
+                path = manifest.manifest_path
+                found.setdefault(path, TableFile(path, "manifest", manifest.manifest_length))
+                for f in self._live_files(manifest):
+                    found.setdefault(f.path, f)
+        return found
+
+    def _live_files(self, manifest: ManifestFile) -> list[TableFile]:
+        path = manifest.manifest_path
+        if path not in self._entries:
+            self._entries[path] = [
+                TableFile(
+                    e.data_file.file_path,
+                    "data" if e.data_file.content == DataFileContent.DATA else "deletes",
+                    e.data_file.file_size_in_bytes,
+                )
+                for e in manifest.fetch_manifest_entry(self.io, discard_deleted=True)
+            ]
+        return self._entries[path]
+
+    def sized(self, f: TableFile) -> TableFile:
+        """``f`` with its size, for a manifest list (whose size no metadata records)."""
+        if f.kind != "manifest_list":
+            return f
+        try:
+            return replace(f, bytes=len(self.io.new_input(f.path)))
+        except FileNotFoundError:
+            return f
+
+
+def unused_files(before: Snapshots, removed: Collection[int], after: Snapshots) -> list[TableFile]:
+    """The files the ``removed`` snapshots reached in ``before`` that no snapshot of
+    ``after`` reaches, in a stable order (data first, then manifests, then lists)."""
+    live = after.files(after.ids - set(removed))
+    doomed = [before.sized(f) for path, f in before.files(removed).items() if path not in live]
+    order = {"data": 0, "deletes": 1, "manifest": 2, "manifest_list": 3}
+    return sorted(doomed, key=lambda f: (order[f.kind], f.path))
+
+
+def remove_snapshots(
+    catalog: Catalog, identifier: str, snapshot_ids: Collection[int]
+) -> tuple[Table, list[int]]:
+    """Commit the removal of ``snapshot_ids`` from the table; returns the table as the
+    removal left it and the ids this commit removed. Snapshots that are gone already (an
+    overlapping run took them), or are a branch or tag head by now, are left out, read
+    from the metadata each attempt commits on."""
+    for attempt in range(1, COMMIT_ATTEMPTS + 1):
+        table = catalog.load_table(identifier)
+        present = Snapshots(table)
+        heads = present.ref_heads()
+        ids = sorted(i for i in snapshot_ids if i in present.ids and i not in heads)
+        if not ids:
+            return table, []
+        try:
+            table.maintenance.expire_snapshots().by_ids(ids).commit()
+        except (CommitFailedException, ValueError) as exc:
+            # CommitFailedException: another commit landed first. ValueError: pyiceberg
+            # re-applies the removal on the newest metadata, where an overlapping
+            # expiry may have removed some of these snapshots already.
+            if attempt == COMMIT_ATTEMPTS:
+                raise
+            log.info("expiry of %s lost a race (%s); retrying", identifier, _first_line(exc))
+            continue
+        return catalog.load_table(identifier), ids
+    raise AssertionError("unreachable")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200] if text else ''}"
+
+
+def delete_files(io: FileIO, files: Iterable[TableFile]) -> list[TableFile]:
+    """Delete ``files``; returns those deleted (one gone already is not: an overlapping
+    run took it)."""
+    deleted = []
+    for f in files:
+        try:
+            io.delete(f.path)
+        except FileNotFoundError:
+            continue
+        deleted.append(f)
+    return deleted
