@@ -6,17 +6,54 @@ job = spark_barrier.register(spark, "http://127.0.0.1:8765", job="enrich",
 job.start(job.source("ods.orders"), job.sink())
 """
 
-from spark_barrier.job import (
-    BarrierBatchError,
-    BarrierConfigError,
-    BarrierJob,
-    BarrierSink,
-    BatchContext,
-    register,
-    stop_between_batches,
-)
-from spark_barrier.reads import ConsistentRead, read_at_barrier, read_consistent
-from spark_barrier.spark_session import local_spark_builder
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from metaservice import __version__  # one distribution, one version
+
+if TYPE_CHECKING:
+    from spark_barrier.job import (
+        BarrierBatchError,
+        BarrierConfigError,
+        BarrierJob,
+        BarrierSink,
+        BatchContext,
+        register,
+        stop_between_batches,
+    )
+    from spark_barrier.reads import ConsistentRead, read_at_barrier, read_consistent
+    from spark_barrier.spark_session import local_spark_builder
+
+# The public names, loaded on first use: `spark_barrier.iceberg.catalog` (which
+# `metaservice reconcile` uses) must import without pyspark, and importing a
+# submodule runs this file first.
+_HOME = {
+    **dict.fromkeys(
+        (
+            "BarrierBatchError",
+            "BarrierConfigError",
+            "BarrierJob",
+            "BarrierSink",
+            "BatchContext",
+            "register",
+            "stop_between_batches",
+        ),
+        "spark_barrier.job",
+    ),
+    **dict.fromkeys(
+        ("ConsistentRead", "read_at_barrier", "read_consistent"), "spark_barrier.reads"
+    ),
+    "local_spark_builder": "spark_barrier.spark_session",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module 'spark_barrier' has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOME[name]), name)
+
 
 __all__ = [
     "BarrierBatchError",
@@ -25,6 +62,7 @@ __all__ = [
     "BarrierSink",
     "BatchContext",
     "ConsistentRead",
+    "__version__",
     "local_spark_builder",
     "read_at_barrier",
     "read_consistent",

@@ -11,6 +11,7 @@ query = job.start(orders, sink)
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -26,18 +27,31 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.types import StructType
 
-from metaservice.barriers.schemas import BatchBarrier
+from metaservice.barriers.schemas import BatchBarrier, InputRange
 from metaservice.client import ApiError, ConflictError, MetaServiceClient, Unavailable
-from metaservice.settings import Settings
 from metaservice.versions.schemas import ConsistentVersion
 from spark_barrier.faults import crash_point
-from spark_barrier.iceberg_io import (
-    Mode,
-    commit_batch,
+from spark_barrier.iceberg.catalog import (
+    CATALOG_NAME,
+    CatalogUnavailable,
+    check_partition_by,
+    check_warehouse,
     ensure_table,
-    find_batch_commit,
-    open_catalog,
-    read_snapshot,
+    load_catalog,
+    normalised_properties,
+    sql_catalog_properties,
+)
+from spark_barrier.iceberg.cdc import declare_keys
+from spark_barrier.iceberg.commit import Mode, check_mode, commit_batch
+from spark_barrier.iceberg.partitioning import PartitionSpecError
+from spark_barrier.iceberg.read import read_snapshot
+from spark_barrier.iceberg.stamps import find_batch_commit
+from spark_barrier.inputs import (
+    StreamedInput,
+    batch_frame,
+    check_changelog_keys,
+    plan_input,
+    read_input,
 )
 from spark_barrier.jvm import PlanUnavailable, planned_scans, running_query_id
 from spark_barrier.listener import BarrierListener
@@ -45,8 +59,16 @@ from spark_barrier.offline import OfflineBarriers
 from spark_barrier.reads import read_at_barrier
 from spark_barrier.report import DirectReporter, OutboxReporter, Reporter, retry
 from spark_barrier.source import SOURCE_NAME, BarrierSource
+from spark_barrier.steps import log_batch, recording, step
 
 log = logging.getLogger("spark_barrier")
+
+
+# A source job's trigger: one batch per barrier slot (the default 1 s interval).
+SOURCE_TRIGGER_S = 1.0
+# How long a derived job's barrier source waits in one next-barrier call for its batch
+# to become ready (a long poll; the MetaService answers as soon as it is).
+NEXT_BARRIER_WAIT_MS = 2000
 
 
 class BarrierConfigError(Exception):
@@ -75,6 +97,24 @@ class BatchContext:
     barrier: int
     start_barrier: int | None
     leases: list[str] = field(default_factory=list)  # taken by read(), released after the batch
+    # A derived batch's rows of each streamed input (job.source(table)), by table.
+    inputs: dict[str, DataFrame] = field(default_factory=dict)
+
+    def input(self, table: str) -> DataFrame:
+        """This batch's rows of the streamed input ``table``: what ``job.source(table)``
+        streams in ``(start_barrier, barrier]`` (its changes with ``_change_type`` for
+        ``changelog=True``), without the ``_table`` column a batch of several inputs has.
+
+        >>> def join(rows, ctx):  # doctest: +SKIP
+        ...     return ctx.input("ods.orders").join(ctx.input("ods.payments"), "order_id")
+        """
+        if table not in self.inputs:
+            raise BarrierConfigError(
+                f"job '{self.job.name}' batch {self.batch_id} streams no input '{table}' "
+                f"(it streams {sorted(self.inputs)}): build the query's stream from "
+                f"job.source('{table}'), or read the table with ctx.read('{table}')"
+            )
+        return self.inputs[table]
 
     def read(self, table: str) -> DataFrame:
         """``table`` as of this batch's barrier, for lookup joins at the same version.
@@ -132,8 +172,32 @@ class BarrierJob:
         self.lookups = list(lookups)  # read as of each batch's barrier, never streamed
         self.read_lease_s = read_lease_s  # lease on what ctx.read reads; released after the batch
 
-    def source(self, table: str) -> DataFrame:
-        """A streaming DataFrame of ``table`` whose micro-batches end on the job's barriers."""
+    def source(
+        self,
+        table: str,
+        *,
+        changelog: bool = False,
+        changelog_keys: Sequence[str] | None = None,
+    ) -> DataFrame:
+        """The stream that makes ``table`` an input of the job's batches: hand it (or the
+        union of several inputs' streams) to :meth:`start`.
+
+        Its offsets are the job's barriers; it carries **no rows**. The sink reads each
+        batch's rows of ``table`` itself, natively in Spark, from the snapshots the
+        MetaService maps the batch's barriers to, and hands them to the transform (see
+        :mod:`spark_barrier.inputs`). Transformations applied to this stream therefore
+        see nothing: filter, join and aggregate in the sink's ``transform``, on the
+        batch it gets (or ``ctx.input(table)``).
+
+        ``changelog=True`` makes the batch the changes of ``table`` in the batch's
+        range, with a ``_change_type`` column (``INSERT``, ``DELETE``, ``UPDATE_BEFORE``,
+        ``UPDATE_AFTER``): needed for tables written by upserts, CDC or deletes, which
+        an ordinary read refuses. Updates are paired by ``changelog_keys``, else by the
+        table's identifier fields (a CDC sink sets them); without keys an update
+        reads as a DELETE and an INSERT.
+
+        >>> orders = job.source("ods.orders", changelog=True)  # doctest: +SKIP
+        """
         if table in self.lookups:
             raise BarrierConfigError(
                 f"'{table}' is a lookup table of job '{self.name}': it is not streamed; "
@@ -144,11 +208,20 @@ class BarrierJob:
                 f"job '{self.name}' does not declare '{table}' as an input; "
                 f"add it to inputs= in register() (inputs now: {self.inputs})"
             )
+        if changelog_keys and not changelog:
+            raise BarrierConfigError("changelog_keys are only used with changelog=True")
+        if changelog_keys:
+            try:
+                check_changelog_keys(self.table(table), changelog_keys)
+            except ValueError as exc:
+                raise BarrierConfigError(str(exc)) from exc
+        streamed = StreamedInput(table, changelog, tuple(changelog_keys or ()))
         options = {
             **self.catalog_options,
             "url": self.client.url,
-            "table": table,
+            **streamed.options(),
             "patience_s": str(self.patience_s),
+            "wait_ms": str(NEXT_BARRIER_WAIT_MS),
         }
         reader = self.spark.readStream.format(SOURCE_NAME).option("job", self.name)
         for key, value in options.items():
@@ -162,24 +235,52 @@ class BarrierJob:
         mode: Mode = "append",
         key_columns: Sequence[str] | None = None,
         transform: Transform | None = None,
+        op_column: str | None = None,
+        order_by: str | None = None,
     ) -> BarrierSink:
-        """The ``foreachBatch`` function that commits each batch to ``table`` at its barrier."""
+        """The ``foreachBatch`` function that commits each batch to ``table`` at its barrier.
+
+        A derived job's batch is read by the sink (see :meth:`source`); ``transform``
+        turns it into the rows to commit. ``mode``: ``"append"``; ``"upsert"`` (replace
+        rows by ``key_columns``); ``"cdc"``: apply change records by ``key_columns``,
+        whose op is in ``op_column`` (``I``/``U``/``D`` or ``INSERT``/``UPDATE``/
+        ``DELETE``, any case; not stored): per key the batch's last record wins (the
+        largest ``order_by``, else the last in the batch), deletes remove the key and
+        the others are upserted. A CDC sink makes ``key_columns`` the table's
+        identifier fields (required columns), which changelog readers pair updates by.
+        See :func:`spark_barrier.iceberg.commit.commit_batch`.
+        """
         table = table or self.outputs[0]
         if table not in self.outputs:
             raise BarrierConfigError(
                 f"job '{self.name}' does not write '{table}'; its outputs are {self.outputs}"
             )
-        return BarrierSink(self, table, mode, key_columns, transform)
+        iceberg = self.table(table)
+        try:
+            check_mode(mode, key_columns, iceberg, op_column, order_by)
+            if mode == "cdc" and key_columns:
+                declare_keys(iceberg, key_columns)
+        except ValueError as exc:
+            raise BarrierConfigError(f"job '{self.name}' sink of '{table}': {exc}") from exc
+        return BarrierSink(self, table, mode, key_columns, transform, op_column, order_by)
 
     def start(
         self,
         stream: DataFrame,
         sink: BarrierSink,
         *,
-        trigger_seconds: float = 1.0,
+        trigger_seconds: float | None = None,
         checkpoint: str | None = None,
     ) -> StreamingQuery:
-        """Start the streaming query named after the job, checkpointed under the state folder."""
+        """Start the streaming query named after the job, checkpointed under the state folder.
+
+        ``trigger_seconds`` defaults to 1 s for a source job (one batch per barrier
+        slot) and to 0 for a derived job: its barrier sources long-poll the MetaService
+        for the next batch, so a batch starts as soon as its inputs are final there
+        rather than at the next trigger.
+        """
+        if trigger_seconds is None:
+            trigger_seconds = 0.0 if self.inputs else SOURCE_TRIGGER_S
         location = checkpoint or str(self.state_dir / "checkpoint")
         return (
             stream.writeStream.queryName(self.name)
@@ -197,7 +298,8 @@ class BarrierJob:
 
     def read_in_batch(self, ctx: BatchContext, table: str) -> DataFrame:
         """:meth:`BatchContext.read`: checks, waits for exactness, leases, reads."""
-        version = self.version_in_batch(ctx, table)
+        with step("transform.ctx_read_wait"):
+            version = self.version_in_batch(ctx, table)
         if version is None:
             return read_snapshot(self.spark, self.table(table), None)
         if version.lease_id is not None:
@@ -292,16 +394,24 @@ class BarrierSink:
         mode: Mode,
         key_columns: Sequence[str] | None,
         transform: Transform | None,
+        op_column: str | None = None,
+        order_by: str | None = None,
     ) -> None:
         self.job = job
         self.table = table
         self.mode = mode
         self.key_columns = list(key_columns) if key_columns else None
         self.transform = transform
+        self.op_column = op_column
+        self.order_by = order_by
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
-        with _in_batch(self.job.name):
-            self._run_batch(df, batch_id)
+        self._barrier: int | None = None
+        with _in_batch(self.job.name), recording() as steps:
+            try:
+                self._run_batch(df, batch_id)
+            finally:
+                log_batch(self.job.name, batch_id, self._barrier, steps)
 
     def _run_batch(self, df: DataFrame, batch_id: int) -> None:
         job = self.job
@@ -316,26 +426,37 @@ class BarrierSink:
             )  # fmt: skip
             self._report(batch_id, done.barrier, done.snapshot_id)
             return
+        plan: _Plan | None = None
+        ranges: list[InputRange] = []
         try:
             if job.offline is not None:
                 barrier = job.offline.barrier_for(batch_id, query_id=query_id)
                 start = None
             else:
-                plan = self._planned(batch_id, query_id) if job.inputs else None
-                if plan is not None and plan[0] == plan[1]:
+                with step("plan"):
+                    plan = self._planned(batch_id, query_id) if job.inputs else None
+                if plan is not None and plan.start == plan.end:
                     # Nothing to read (a new query's first batch ends at its start): no
                     # barrier, no commit, no report.
-                    log.debug("%s batch %d is empty (%d, %d]", job.name, batch_id, *plan)
+                    log.debug("%s batch %d is empty (%d, %d]", job.name, batch_id, *plan.span)
                     return
-                answer = self._ask_barrier(batch_id, plan, query_id)
+                with step("barrier"):
+                    answer = self._ask_barrier(batch_id, plan, query_id)
                 if answer is None:
                     return
-                barrier, start = answer.barrier, answer.start_barrier
+                barrier, start, ranges = answer.barrier, answer.start_barrier, answer.inputs
         except ConflictError as exc:
             raise _refused(job, batch_id, query_id, exc) from exc
+        self._barrier = barrier
         ctx = BatchContext(job, batch_id, barrier, start)
         try:
-            rows = self.transform(df, ctx) if self.transform else df
+            if plan is not None:
+                # A derived batch: the stream's DataFrame has no rows (see job.source).
+                with step("inputs"):
+                    ctx.inputs = self._read_inputs(batch_id, plan, ranges)
+                    df = batch_frame(ctx.inputs)
+            with step("transform"):
+                rows = self.transform(df, ctx) if self.transform else df
             snapshot = commit_batch(
                 rows,
                 iceberg,
@@ -345,10 +466,36 @@ class BarrierSink:
                 mode=self.mode,
                 key_columns=self.key_columns,
                 query_id=query_id,
+                op_column=self.op_column,
+                order_by=self.order_by,
             )
         finally:
             ctx.release()
-        self._report(batch_id, barrier, snapshot)
+        with step("report"):
+            self._report(batch_id, barrier, snapshot)
+
+    def _read_inputs(
+        self, batch_id: int, plan: _Plan, ranges: Sequence[InputRange]
+    ) -> dict[str, DataFrame]:
+        """Each streamed input's rows of the batch: files planned here from the
+        MetaService's snapshot ranges (sent with the batch's barrier), rows read by
+        Spark's native Parquet reader on the executors."""
+        job = self.job
+        by_table = {r.table: r for r in ranges}
+        frames = {}
+        for name, streamed in sorted(plan.streamed.items()):
+            span = by_table.get(name)
+            if span is None:
+                raise BarrierBatchError(
+                    f"job '{job.name}' batch {batch_id}: the MetaService gave no snapshot "
+                    f"range of '{name}' for barriers ({plan.start}, {plan.end}] (it gave "
+                    f"{sorted(by_table)}); nothing was committed. Is '{name}' still an input "
+                    "of the job? Check the job with `metaservice jobs show`",
+                    code="no_input_range",
+                )
+            table = job.table(name)
+            frames[name] = read_input(job.spark, table, plan_input(table, streamed, span))
+        return frames
 
     def _query_id(self, batch_id: int) -> str:
         query_id = running_query_id(self.job.spark, self.job.name)
@@ -359,9 +506,9 @@ class BarrierSink:
             )
         return query_id
 
-    def _planned(self, batch_id: int, query_id: str) -> tuple[int, int]:
+    def _planned(self, batch_id: int, query_id: str) -> _Plan:
         """The barriers ``(start, end]`` Spark planned for this batch: the same for every
-        barrier source of the job, or the batch is refused."""
+        barrier source of the job, or the batch is refused; and how each input is read."""
         job = self.job
         try:
             scans = planned_scans(job.spark, query_id, batch_id)
@@ -371,11 +518,8 @@ class BarrierSink:
                 f"{batch_id} ({exc}); nothing was committed",
                 code="plan_unavailable",
             ) from exc
-        planned = {
-            scan.options.get("table", "?"): (scan.start, scan.end)
-            for scan in scans
-            if scan.source == SOURCE_NAME and scan.options.get("job") == job.name
-        }
+        mine = [s for s in scans if s.source == SOURCE_NAME and s.options.get("job") == job.name]
+        planned = {scan.options.get("table", "?"): (scan.start, scan.end) for scan in mine}
         if not planned:
             raise BarrierConfigError(
                 f"the query of derived job '{job.name}' reads none of its inputs through "
@@ -400,16 +544,15 @@ class BarrierSink:
                 "again",
                 code="sources_disagree",
             )
-        (plan,) = ends
-        return plan
+        ((start, end),) = ends
+        streamed = {s.options["table"]: StreamedInput.from_options(s.options) for s in mine}
+        return _Plan(start, end, streamed)
 
-    def _ask_barrier(
-        self, batch_id: int, plan: tuple[int, int] | None, query_id: str
-    ) -> BatchBarrier | None:
+    def _ask_barrier(self, batch_id: int, plan: _Plan | None, query_id: str) -> BatchBarrier | None:
         """The MetaService's barrier for the batch Spark planned (``plan``: derived jobs),
         waiting while it is unreachable; None when it says the batch is empty."""
         job = self.job
-        start, end = plan if plan is not None else (None, None)
+        start, end = plan.span if plan is not None else (None, None)
         try:
             answer: BatchBarrier = retry(
                 lambda: job.client.batch_barrier(
@@ -423,7 +566,7 @@ class BarrierSink:
                 raise
             log.debug("%s batch %d has nothing to read; skipped", job.name, batch_id)
             return None
-        if plan is not None and (answer.start_barrier, answer.barrier) != plan:
+        if plan is not None and (answer.start_barrier, answer.barrier) != plan.span:
             raise BarrierBatchError(
                 f"job '{job.name}' batch {batch_id}: Spark planned barriers ({start}, {end}] "
                 f"but the MetaService gave ({answer.start_barrier}, {answer.barrier}]; "
@@ -444,6 +587,20 @@ class BarrierSink:
                 "snapshot_id": snapshot,
             }
         )
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A derived batch as Spark planned it: barriers ``(start, end]``, and how the
+    query streams each input (its barrier source's options)."""
+
+    start: int
+    end: int
+    streamed: dict[str, StreamedInput]
+
+    @property
+    def span(self) -> tuple[int, int]:
+        return (self.start, self.end)
 
 
 def _barrier_of(offset: Mapping[str, Any] | None) -> object:
@@ -545,6 +702,7 @@ def register(
     outputs: Mapping[str, StructType | None] | Sequence[str],
     lookups: Sequence[str] = (),
     description: str = "",
+    catalog_properties: Mapping[str, str] | None = None,
     catalog_uri: str | None = None,
     warehouse: str | None = None,
     catalog: Catalog | None = None,
@@ -555,6 +713,7 @@ def register(
     offline: bool = True,
     patience_s: float = 3600.0,
     read_lease_s: int = 3600,
+    partition_by: Mapping[str, Sequence[str]] | None = None,
 ) -> BarrierJob:
     """Register ``job`` with the MetaService and make ``spark`` ready to run it.
 
@@ -563,13 +722,24 @@ def register(
     Both are the job's inputs for the MetaService, so its barriers wait for both.
 
     Checks, failing fast with :class:`BarrierConfigError`: the MetaService answers,
-    every input and lookup table exists in the catalog, and no other job writes the
-    outputs.
-    Output tables given with a schema are created when missing. Registers the
-    barrier data source and a listener reporting the query's progress.
+    the catalog loads and its warehouse can be written (a small object is written and
+    deleted there), every input and lookup table exists in the catalog, and no other
+    job writes the outputs. A failed check registers nothing and creates no table.
+    Output tables given with a schema are created when missing, partitioned as
+    ``partition_by`` says (output name -> spec such as ``["day(ordered_at)",
+    "bucket(16, item_id)"]``; see :mod:`spark_barrier.iceberg.partitioning`); every
+    output's schema and spec are checked before the job is registered and before any
+    table is created. Registers the barrier data source and a listener reporting the
+    query's progress.
 
-    ``catalog_uri`` and ``warehouse`` default to the MetaService's own settings
-    (``METASERVICE_DB_URL``, ``METASERVICE_WAREHOUSE``): the catalog shares its database.
+    The tables' catalog is any pyiceberg catalog, by its ``catalog_properties`` (as
+    ``pyiceberg.catalog.load_catalog`` takes them: ``type``, ``uri``, ``warehouse``,
+    ``s3.endpoint``...; see :mod:`spark_barrier.iceberg.catalog`). Without them it is
+    a SQL catalog at ``catalog_uri`` with tables under ``warehouse`` (a folder or an
+    ``s3://`` URI), each defaulting to the MetaService's own settings
+    (``METASERVICE_DB_URL``, ``METASERVICE_WAREHOUSE``): the catalog shares its
+    database. An open ``catalog`` is used by the driver as is; the barrier sources
+    (driver and executors) load the same catalog from its properties.
     Reports go through a durable outbox under ``state_dir`` unless ``outbox=False``
     (``outbox_options``: :class:`spark_barrier.outbox.Outbox` settings such as
     ``max_bytes`` or ``fsync``).
@@ -579,18 +749,15 @@ def register(
     wait up to ``patience_s`` for an unreachable MetaService before failing.
     What ``ctx.read`` reads is leased for ``read_lease_s`` (released when its batch ends).
     """
-    defaults = Settings()
-    catalog_options = {
-        "catalog_uri": catalog_uri or defaults.db_url,
-        "warehouse": str(Path(warehouse or defaults.warehouse).resolve()),
-    }
+    properties = _catalog_properties(job, catalog_properties, catalog_uri, warehouse, catalog)
     client = MetaServiceClient(url, token=token)
     _check_reachable(client)
-    catalog = catalog or open_catalog(catalog_options["catalog_uri"], catalog_options["warehouse"])
+    catalog = _check_catalog(job, catalog, properties)
+    catalog_options = {"catalog": json.dumps(properties), "catalog_name": catalog.name}
     output_names = list(outputs)
     _check_lookups(job, inputs, lookups)
     _check_inputs(catalog, job, [*inputs, *lookups])
-    _ensure_outputs(catalog, outputs)
+    missing = _check_outputs(catalog, job, outputs, partition_by or {})
     try:
         client.put_job(
             job, inputs=[*inputs, *lookups], outputs=output_names, description=description
@@ -599,6 +766,8 @@ def register(
         raise BarrierConfigError(f"MetaService refused job '{job}': {exc.message}") from exc
     except ApiError as exc:
         raise BarrierConfigError(f"MetaService refused job '{job}': {exc.message}") from exc
+    for name, (schema, spec) in missing.items():
+        ensure_table(catalog, name, schema, partition_by=spec)
     spark.dataSource.register(BarrierSource)
     _listener_for(spark, client).jobs.add(job)
     state = Path(state_dir or "spark-barrier-state") / job
@@ -645,6 +814,38 @@ def _check_lookups(job: str, inputs: Sequence[str], lookups: Sequence[str]) -> N
         )
 
 
+def _catalog_properties(
+    job: str,
+    properties: Mapping[str, str] | None,
+    catalog_uri: str | None,
+    warehouse: str | None,
+    catalog: Catalog | None,
+) -> dict[str, str]:
+    """The pyiceberg properties of the job's catalog, as its sources load it."""
+    if properties is not None and (catalog_uri or warehouse):
+        raise BarrierConfigError(
+            f"job '{job}' is given both catalog_properties and catalog_uri/warehouse (a "
+            "shorthand for the default SQL catalog); pass the catalog one way: put "
+            "'uri' and 'warehouse' in catalog_properties"
+        )
+    if properties is None:
+        if catalog is not None and not (catalog_uri or warehouse):
+            properties = catalog.properties  # the sources load the catalog given
+        else:
+            properties = sql_catalog_properties(catalog_uri, warehouse)
+    return normalised_properties(properties)
+
+
+def _check_catalog(job: str, catalog: Catalog | None, properties: Mapping[str, str]) -> Catalog:
+    """The job's catalog, loaded (unless given), with its warehouse writable."""
+    try:
+        catalog = catalog or load_catalog(properties, CATALOG_NAME)
+        check_warehouse(catalog)
+    except CatalogUnavailable as exc:
+        raise BarrierConfigError(f"job '{job}' cannot use its Iceberg catalog: {exc}") from exc
+    return catalog
+
+
 def _check_reachable(client: MetaServiceClient) -> None:
     try:
         client.list_jobs(limit=1)
@@ -664,15 +865,39 @@ def _check_inputs(catalog: Catalog, job: str, inputs: Sequence[str]) -> None:
             )
 
 
-def _ensure_outputs(
-    catalog: Catalog, outputs: Mapping[str, StructType | None] | Sequence[str]
-) -> None:
+def _check_outputs(
+    catalog: Catalog,
+    job: str,
+    outputs: Mapping[str, StructType | None] | Sequence[str],
+    partition_by: Mapping[str, Sequence[str]],
+) -> dict[str, tuple[StructType, Sequence[str]]]:
+    """The outputs to create (name -> schema and partition spec), every one checked;
+    creates nothing, so a registration refused on one output leaves no table behind."""
     schemas: Mapping[str, Any] = outputs if isinstance(outputs, Mapping) else dict.fromkeys(outputs)
+    unknown = sorted(set(partition_by) - set(schemas))
+    if unknown:
+        raise BarrierConfigError(
+            f"job '{job}' gives partition_by for {unknown}, which are not among its outputs "
+            f"{sorted(schemas)}"
+        )
+    missing: dict[str, tuple[StructType, Sequence[str]]] = {}
     for name, schema in schemas.items():
+        spec = list(partition_by.get(name, ()))
         if catalog.table_exists(name):
+            existing = catalog.load_table(name)
+            if spec and existing.spec().is_unpartitioned():
+                raise BarrierConfigError(
+                    f"output table '{name}' exists unpartitioned, but job '{job}' asks for "
+                    f"partition_by {spec}; drop partition_by, or create the table anew"
+                )
             continue
         if schema is None:
             raise BarrierConfigError(
                 f"output table '{name}' does not exist; pass its schema: outputs={{'{name}': StructType(...)}}"
             )
-        ensure_table(catalog, name, schema)
+        try:
+            check_partition_by(schema, spec)
+        except PartitionSpecError as exc:
+            raise BarrierConfigError(f"output table '{name}' of job '{job}': {exc}") from exc
+        missing[name] = (schema, spec)
+    return missing

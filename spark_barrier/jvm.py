@@ -1,4 +1,4 @@
-"""What the sink reads from Spark's JVM through Py4J, and nothing else does.
+"""What spark_barrier reads from Spark's JVM through Py4J, and nothing else does.
 
 Inside ``foreachBatch`` the sink needs two facts the Python API does not give it:
 
@@ -10,6 +10,9 @@ Inside ``foreachBatch`` the sink needs two facts the Python API does not give it
   ``IncrementalExecution`` still holds its plan, whose
   ``StreamingDataSourceV2ScanRelation`` leaves carry ``startOffset``/``endOffset``
   and the source's options.
+
+Reads ask one more fact: whether Spark's Hadoop has a FileSystem for a URI scheme
+(:func:`hadoop_reads_scheme`), so that files it cannot open are read another way.
 
 Everything here is best read as "what Spark 4.x does today": a change of these
 internals raises :class:`PlanUnavailable` with the reason, never a wrong answer.
@@ -75,6 +78,20 @@ def planned_scans(spark: SparkSession, query_id: str, batch_id: int) -> list[Pla
         raise
     except Exception as exc:  # Py4J errors: Spark's internals are not what we expect
         raise PlanUnavailable(f"cannot read the plan of query {query_id}: {exc}") from exc
+
+
+def hadoop_reads_scheme(spark: SparkSession, scheme: str) -> bool:
+    """Whether Spark's Hadoop (as configured in ``spark``) has a FileSystem for ``scheme``.
+
+    ``s3`` has none without hadoop-aws on the classpath and ``spark.hadoop.fs.s3.impl``;
+    an implementation configured but missing from the classpath counts as none.
+    """
+    hadoop = spark._jsc.hadoopConfiguration()
+    try:
+        spark._jvm.org.apache.hadoop.fs.FileSystem.getFileSystemClass(scheme, hadoop)  # type: ignore[union-attr]
+    except Exception:  # Py4J: UnsupportedFileSystemException, ClassNotFoundException
+        return False
+    return True
 
 
 def _leaves(plan: Any) -> list[Any]:

@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 
 from metaservice.client import ApiError, MetaServiceClient, Unavailable
 from metaservice.clock import Clock, SystemClock
+from metaservice.contract import slot_of
 from spark_barrier.outbox import Outbox, OutboxFullError
 
 log = logging.getLogger("spark_barrier.offline")
@@ -245,8 +246,7 @@ class OfflineBarriers:
 
     def _clock_slot(self) -> int:
         assert self._state is not None
-        now = self.clock.now_ms() + self._state.offset_ms
-        return now - now % self._state.interval_ms
+        return slot_of(self.clock.now_ms() + self._state.offset_ms, self._state.interval_ms)
 
     def _recover_claims(self) -> None:
         """Claims and releases still in the outbox from an earlier run of the driver."""

@@ -10,8 +10,8 @@ from pyspark.sql import DataFrame, SparkSession
 
 from metaservice.client import MetaServiceClient
 from metaservice.versions.schemas import ConsistentVersion
-from spark_barrier.iceberg_io import read_snapshot
-from spark_barrier.snapshots import snapshot_at
+from spark_barrier.iceberg.read import read_snapshot
+from spark_barrier.iceberg.stamps import snapshot_at
 
 
 @dataclass

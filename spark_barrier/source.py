@@ -3,8 +3,7 @@
     spark.readStream.format("metaservice_barrier")
         .option("url", "http://127.0.0.1:8765").option("job", "build_order_detail")
         .option("table", "ods.orders")
-        .option("catalog_uri", "sqlite:///warehouse/metaservice.db")
-        .option("warehouse", "warehouse")
+        .option("catalog", '{"type": "sql", "uri": "sqlite:///ms.db", "warehouse": "s3://b/wh"}')
         .load()
 
 One end per batch: a batch's end is a function of its start. Every barrier source
@@ -13,20 +12,21 @@ of a job asks for the end of the batch starting after its start offset ``a``
 same ``b`` for the same ``a`` once one is ready, and keeps a "not ready" answer
 until the same source asks again, so all inputs of a batch end at the same barrier.
 
-A batch ``(a, b]`` reads, per input, the snapshot range the MetaService maps those
-barriers to (``GET /jobs/{job}/ranges``; not the stamps on the table, which a late
-zombie commit could change): the data files added by the snapshots in
-``(from, to]``, refused with a clear error if the range replaces or deletes rows
-(``iceberg_io.NotAppendOnly``), or the table's full state at ``to`` when the start
-snapshot does not exist (a new reader, or a start that was expired since). One
-Spark partition per file, read on the executors with pyarrow.
+It only gives Spark offsets: a batch's partitions are one empty partition, and no
+input row ever passes through a Python worker. The batch's rows are read by the
+sink (``spark_barrier.job.BarrierSink``), which knows the planned ``(a, b]`` from
+Spark's plan: it plans the files of each input's snapshot range (the MetaService's
+mapping of those barriers, not the stamps on the table, which a late zombie commit
+could change) and Spark's native Parquet reader reads them on the executors
+(``spark_barrier.inputs``). The schema is still the table's, so the stream can be
+unioned with other inputs' streams; options such as ``changelog`` are read by the
+sink from the plan.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -36,20 +36,20 @@ from pyspark.sql.types import StructType
 log = logging.getLogger("spark_barrier.source")
 
 SOURCE_NAME = "metaservice_barrier"
-_REQUIRED = ("url", "job", "table", "catalog_uri", "warehouse")
+# "catalog": the pyiceberg properties of the tables' catalog, as JSON (one option, so
+# the driver and every executor load the same catalog).
+_REQUIRED = ("url", "job", "table", "catalog")
 # How long latestOffset retries an unreachable MetaService before answering "no new
 # batch" (its start). Retrying first makes it unlikely that one source of a trigger
 # got an end while another could not ask; the sink refuses such a batch loudly.
 UNAVAILABLE_WAIT_S = 10.0
 
 
-@dataclass
-class FilePartition(InputPartition):
-    path: str | None
+class NoRows(InputPartition):
+    """The one partition of every batch: the sink reads the rows (module docstring)."""
 
-    def __init__(self, path: str | None) -> None:
-        super().__init__(path)
-        self.path = path
+    def __init__(self) -> None:
+        super().__init__(None)
 
 
 def _require(options: dict[str, str]) -> dict[str, str]:
@@ -63,13 +63,12 @@ def _require(options: dict[str, str]) -> dict[str, str]:
 
 
 def _open_table(options: dict[str, str]) -> Any:
-    from spark_barrier.iceberg_io import open_catalog
+    import json
 
-    catalog = open_catalog(
-        options["catalog_uri"],
-        options["warehouse"],
-        name=options.get("catalog_name", "metaservice"),
-    )
+    from spark_barrier.iceberg.catalog import CATALOG_NAME, load_catalog
+
+    properties = json.loads(options["catalog"])
+    catalog = load_catalog(properties, name=options.get("catalog_name", CATALOG_NAME))
     return catalog.load_table(options["table"])
 
 
@@ -81,7 +80,7 @@ class BarrierSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> StructType:
-        from spark_barrier.iceberg_io import iceberg_schema_to_spark
+        from spark_barrier.iceberg.schemas import iceberg_schema_to_spark
 
         table = _open_table(_require(dict(self.options)))
         return iceberg_schema_to_spark(table.schema())
@@ -96,9 +95,9 @@ class BarrierStreamReader(DataSourceStreamReader):
         self.job = options["job"]
         self.table_name = options["table"]
         self.patience_s = float(options.get("patience_s", "3600"))
-        self.columns = [f.name for f in schema.fields]
+        # next-barrier long poll: how long one call may wait for the batch to be ready.
+        self.wait_ms = int(options.get("wait_ms", "0"))
         self._client: Any = None
-        self._table: Any = None
         self._unavailable_logged = False
 
     # Driver side: offsets are {"barrier": int}. ------------------------------
@@ -108,13 +107,6 @@ class BarrierStreamReader(DataSourceStreamReader):
 
             self._client = MetaServiceClient(self.options["url"], token=self.options.get("token"))
         return self._client
-
-    def _iceberg(self) -> Any:
-        if self._table is None:
-            self._table = _open_table(self.options)
-        else:
-            self._table.refresh()
-        return self._table
 
     def initialOffset(self) -> dict[str, int]:
         # A new query starts where the job has committed up to (0 for a new job).
@@ -135,7 +127,9 @@ class BarrierStreamReader(DataSourceStreamReader):
         after = int(start["barrier"])
         try:
             answer = retry(
-                lambda: self._ms().next_barrier(self.job, after=after, source=self.table_name),
+                lambda: self._ms().next_barrier(
+                    self.job, after=after, source=self.table_name, wait_ms=self.wait_ms
+                ),
                 UNAVAILABLE_WAIT_S,
                 f"ask the next barrier of job {self.job}",
             )
@@ -154,25 +148,8 @@ class BarrierStreamReader(DataSourceStreamReader):
         return {"barrier": answer.barrier}
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
-        from spark_barrier.iceberg_io import range_file_paths
-        from spark_barrier.report import retry
-
-        after, upto = int(start["barrier"]), int(end["barrier"])
-        if after == upto:
-            return [FilePartition(None)]
-        ranges = retry(
-            lambda: self._ms().input_ranges(self.job, after=after, to=upto),
-            self.patience_s,
-            f"read job {self.job}'s input ranges",
-        )
-        mine = [r for r in ranges if r.table == self.table_name]
-        if len(mine) != 1:
-            raise RuntimeError(
-                f"the MetaService gave job {self.job} no range of '{self.table_name}' for "
-                f"barriers ({after}, {upto}]: is it still an input of the job?"
-            )
-        files = range_file_paths(self._iceberg(), mine[0].from_snapshot, mine[0].to_snapshot)
-        return [FilePartition(path) for path in files] or [FilePartition(None)]
+        # The offsets are all Spark needs from this source; the sink reads the rows.
+        return [NoRows()]
 
     def commit(self, end: dict[str, int]) -> None:
         # The sink reports the commit; nothing to release here.
@@ -182,27 +159,7 @@ class BarrierStreamReader(DataSourceStreamReader):
         if self._client is not None:
             self._client.close()
 
-    # Executor side. ----------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, FilePartition)
-        if partition.path is None:
-            return
-        import pyarrow.parquet as pq
-        from pyarrow import fs
-
-        filesystem, path = fs.FileSystem.from_uri(partition.path)
-        with filesystem.open_input_file(path) as handle:
-            parquet = pq.ParquetFile(handle)
-            present = set(parquet.schema_arrow.names)
-            for batch in parquet.iter_batches(batch_size=65_536):
-                yield _conform(batch, self.columns, present)
-
-
-def _conform(batch: Any, columns: list[str], present: set[str]) -> Any:
-    """Columns in the table's order; a column added after the file was written reads as null."""
-    import pyarrow as pa
-
-    arrays = [
-        batch.column(name) if name in present else pa.nulls(batch.num_rows) for name in columns
-    ]
-    return pa.RecordBatch.from_arrays(arrays, names=columns)
+        # Never asked for rows in practice (the sink ignores the stream's DataFrame);
+        # if something does read it, it is empty rather than wrong.
+        return iter(())

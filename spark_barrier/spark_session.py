@@ -1,6 +1,6 @@
 """SparkSession settings the barrier integration relies on.
 
-The Iceberg layer (`spark_barrier.iceberg_io`) needs Parquet timestamps written as
+The Iceberg layer (`spark_barrier.iceberg`) needs Parquet timestamps written as
 INT64 micros: Spark's default, INT96, is a legacy encoding that Iceberg (and
 pyiceberg's `add_files`) rejects.
 """
@@ -17,11 +17,12 @@ PARQUET_TIMESTAMP_TYPE = "TIMESTAMP_MICROS"
 
 
 def local_spark_builder(
-    app_name: str, builder: SparkSession.Builder | None = None
+    app_name: str, builder: SparkSession.Builder | None = None, master: str = "local[2]"
 ) -> SparkSession.Builder:
     """Configure a `SparkSession.builder` for a small local session (tests, examples).
 
-    `local[2]`, no UI, two shuffle partitions (the default 200 makes tiny jobs slow),
+    `local[2]` (or `master`, e.g. a test cluster's `spark://` URL), no UI, two shuffle
+    partitions (the default 200 makes tiny jobs slow),
     UTC session time zone, TIMESTAMP_MICROS Parquet output, Python workers on the
     driver's interpreter and a loopback driver address (so a machine whose hostname does not resolve still works).
 
@@ -34,7 +35,7 @@ def local_spark_builder(
     base = builder if builder is not None else SparkSession.builder
     return (
         base.appName(app_name)
-        .master("local[2]")
+        .master(master)
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config(PARQUET_TIMESTAMP_TYPE_KEY, PARQUET_TIMESTAMP_TYPE)

@@ -1,4 +1,4 @@
-"""Spark-written, pyiceberg-committed Iceberg tables (spark_barrier.iceberg_io)."""
+"""Spark-written, pyiceberg-committed Iceberg tables (spark_barrier.iceberg)."""
 
 from __future__ import annotations
 
@@ -21,21 +21,19 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from spark_barrier.iceberg_io import (
+from spark_barrier.iceberg.catalog import ensure_table
+from spark_barrier.iceberg.commit import commit_batch
+from spark_barrier.iceberg.read import read_appended, read_snapshot
+from spark_barrier.iceberg.scan import data_file_paths
+from spark_barrier.iceberg.schemas import iceberg_schema_to_spark, spark_schema_to_arrow
+from spark_barrier.iceberg.stamps import (
     SUMMARY_BARRIER,
     SUMMARY_BATCH,
     SUMMARY_JOB,
     StampedSnapshot,
-    commit_batch,
-    data_file_paths,
-    ensure_table,
     find_batch_snapshot,
-    iceberg_schema_to_spark,
     list_stamped_snapshots,
-    read_appended,
-    read_snapshot,
     snapshot_barrier,
-    spark_schema_to_arrow,
 )
 from spark_barrier.spark_session import PARQUET_TIMESTAMP_TYPE_KEY
 
@@ -167,12 +165,13 @@ def test_timestamps_round_trip_as_int64_micros(spark: SparkSession, catalog: Cat
         dt.datetime(1999, 12, 31, 0, 0, 0, 1, tzinfo=UTC),
     ]
     table = ensure_table(catalog, "dw.events", schema)
-    # A session left at Spark's default (INT96) is switched to micros by the writer.
+    # A session left at Spark's default (INT96) does not matter: pyiceberg writes the files.
     spark.conf.set(PARQUET_TIMESTAMP_TYPE_KEY, "INT96")
+    try:
+        sid = _commit(spark.createDataFrame(list(enumerate(stamps)), schema), table, 1)
+    finally:
+        spark.conf.set(PARQUET_TIMESTAMP_TYPE_KEY, "TIMESTAMP_MICROS")
 
-    sid = _commit(spark.createDataFrame(list(enumerate(stamps)), schema), table, 1)
-
-    assert spark.conf.get(PARQUET_TIMESTAMP_TYPE_KEY) == "TIMESTAMP_MICROS"
     # Compared as epoch micros so the test does not depend on the process's time zone.
     got = read_snapshot(spark, table, sid).orderBy("id").select(F.unix_micros("ts")).collect()
     assert [r[0] for r in got] == [_micros(s) for s in stamps]

@@ -1,0 +1,138 @@
+"""Changelog reads: the net changes of a table between two snapshots, as Iceberg's
+changelog view with net changes computes them (copy-on-write tables: no delete files).
+
+The driver plans files only (:func:`changelog_files`): per snapshot in `(from, to]`,
+the data files its own manifests record as ADDED or DELETED by it. Over the range, a
+file both added and removed inside it cancels out; what remains is
+
+- *removed*: files live at `from` that the range removed, i.e. the rows as they were;
+- *added*: files the range added that are live at `to`, i.e. the rows as they are.
+
+Spark reads both natively and nets them (:func:`read_changelog`): a row present the
+same number of times on both sides is a carry-over of a rewritten file (an upsert
+rewrites a whole file to replace one row of it) and no change; the others are
+``DELETE`` (only before) or ``INSERT`` (only after). With key columns, a key that is
+both deleted and inserted is an update: ``UPDATE_BEFORE`` and ``UPDATE_AFTER``.
+
+A first read (no start snapshot: a new reader, or a start that was since expired)
+gets the table's state at `to`, every row an ``INSERT``, as append reads do.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pyiceberg.manifest import ManifestContent, ManifestEntryStatus
+from pyiceberg.table import Table
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from spark_barrier.iceberg.read import read_files
+from spark_barrier.iceberg.scan import data_file_paths, snapshots_in_range
+
+log = logging.getLogger(__name__)
+
+CHANGE_TYPE = "_change_type"
+INSERT, DELETE = "INSERT", "DELETE"
+UPDATE_BEFORE, UPDATE_AFTER = "UPDATE_BEFORE", "UPDATE_AFTER"
+CHANGE_TYPES = (INSERT, DELETE, UPDATE_BEFORE, UPDATE_AFTER)
+
+_COUNT = "__ms_net"  # how many more times a row is in `added` than in `removed`
+
+
+@dataclass(frozen=True)
+class ChangelogFiles:
+    """The data files a changelog read of `(from, to]` reads (paths)."""
+
+    removed: list[str]  # live at `from`, gone at `to`: the rows before
+    added: list[str]  # not live at `from`, live at `to`: the rows after
+
+    @property
+    def empty(self) -> bool:
+        return not self.removed and not self.added
+
+
+def changelog_files(table: Table, after: int | None, upto: int | None) -> ChangelogFiles:
+    """Plan the changelog of the snapshot range `(after, upto]` of `table` (no rows read).
+
+    Raises ValueError if `after` is not an ancestor of `upto`, and NotImplementedError
+    for merge-on-read delete files (nothing here writes them).
+    """
+    if upto is None or upto == after:
+        return ChangelogFiles([], [])
+    if after is None or table.snapshot_by_id(after) is None:
+        return ChangelogFiles([], data_file_paths(table, upto))
+    added: set[str] = set()
+    removed: set[str] = set()
+    for snapshot in snapshots_in_range(table, after, upto):
+        for manifest in snapshot.manifests(table.io):
+            # Only manifests the snapshot wrote hold its ADDED and DELETED entries;
+            # older ones it carries over list EXISTING files.
+            if manifest.added_snapshot_id != snapshot.snapshot_id:
+                continue
+            if manifest.content != ManifestContent.DATA:
+                raise NotImplementedError(
+                    f"snapshot {snapshot.snapshot_id} of table {table.name()} has "
+                    "merge-on-read delete files, which changelog reads do not support"
+                )
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
+                if entry.snapshot_id != snapshot.snapshot_id:
+                    continue
+                if entry.status == ManifestEntryStatus.ADDED:
+                    added.add(entry.data_file.file_path)
+                elif entry.status == ManifestEntryStatus.DELETED:
+                    removed.add(entry.data_file.file_path)
+    transient = added & removed  # added and removed again inside the range
+    return ChangelogFiles(sorted(removed - transient), sorted(added - transient))
+
+
+def read_changelog(
+    spark: SparkSession, table: Table, files: ChangelogFiles, keys: Sequence[str] = ()
+) -> DataFrame:
+    """The changes `files` describe: the table's columns plus ``_change_type``.
+
+    Read by Spark's Parquet reader on the executors. A range that only added files
+    (appends) or only removed some costs no shuffle; netting a rewrite costs one
+    (grouping by every column, so map-typed columns are not supported), pairing
+    updates by `keys` one more.
+    """
+    before = read_files(spark, table, files.removed)
+    after = read_files(spark, table, files.added)
+    if not files.removed:
+        return after.withColumn(CHANGE_TYPE, F.lit(INSERT))
+    if not files.added:
+        return before.withColumn(CHANGE_TYPE, F.lit(DELETE))
+    changes = _net_changes(before, after)
+    return _pair_updates(changes, keys) if keys else changes
+
+
+def _net_changes(before: DataFrame, after: DataFrame) -> DataFrame:
+    """Rows of `after` not in `before` as INSERT, rows of `before` not in `after` as
+    DELETE, each as many times as the difference of their counts (a multiset
+    difference both ways, in one aggregation: exceptAll twice would shuffle twice)."""
+    columns = before.columns
+    counted = (
+        before.withColumn(_COUNT, F.lit(-1))
+        .unionByName(after.withColumn(_COUNT, F.lit(1)))
+        .groupBy(*columns)
+        .agg(F.sum(_COUNT).alias(_COUNT))
+        .where(F.col(_COUNT) != 0)
+    )
+    change = F.when(F.col(_COUNT) > 0, F.lit(INSERT)).otherwise(F.lit(DELETE))
+    copies = F.explode(F.array_repeat(F.lit(0), F.abs(F.col(_COUNT)).cast("int")))
+    return counted.select(*columns, change.alias(CHANGE_TYPE), copies.alias(_COUNT)).drop(_COUNT)
+
+
+def _pair_updates(changes: DataFrame, keys: Sequence[str]) -> DataFrame:
+    """A key both deleted and inserted was updated: UPDATE_BEFORE and UPDATE_AFTER."""
+    by_key = Window.partitionBy(*keys)
+    change = F.col(CHANGE_TYPE)
+
+    def seen(kind: str) -> Column:
+        return F.max((change == kind).cast("int")).over(by_key) == 1
+
+    updated = seen(INSERT) & seen(DELETE)
+    paired = F.when(change == INSERT, F.lit(UPDATE_AFTER)).otherwise(F.lit(UPDATE_BEFORE))
+    return changes.withColumn(CHANGE_TYPE, F.when(updated, paired).otherwise(change))

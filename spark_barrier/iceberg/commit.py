@@ -1,0 +1,284 @@
+"""Committing a micro-batch as one stamped snapshot, at most once whatever the retries."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Literal
+
+from pyiceberg.manifest import DataFile
+from pyiceberg.table import Table, TableProperties
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from metaservice.contract import encode_stamp
+from spark_barrier.faults import crash_point
+from spark_barrier.iceberg.cdc import DELETE_OP, OP, check_changes, check_key_types, last_changes
+from spark_barrier.iceberg.files import column_names, delete_folder, safe_name, write_data_files
+from spark_barrier.iceberg.stamps import find_batch_snapshot
+from spark_barrier.iceberg.transaction import NOT_LANDED, commit_files
+from spark_barrier.iceberg.upsert import (
+    key_filter_from_frame,
+    last_row_per_key,
+    replace_keys_attempt,
+    upsert_attempt,
+)
+from spark_barrier.steps import step
+
+log = logging.getLogger(__name__)
+
+Mode = Literal["append", "upsert", "cdc"]
+MODES = ("append", "upsert", "cdc")
+
+
+DEFAULT_COMMIT_ATTEMPTS = 5
+
+
+_BACKOFF_BASE_S = 0.1
+
+
+_BACKOFF_MAX_S = 2.0
+
+
+def commit_batch(
+    spark_df: DataFrame,
+    table: Table,
+    *,
+    barrier: int,
+    job: str,
+    batch_id: int,
+    mode: Mode = "append",
+    key_columns: Sequence[str] | None = None,
+    max_attempts: int = DEFAULT_COMMIT_ATTEMPTS,
+    query_id: str | None = None,
+    op_column: str | None = None,
+    order_by: str | None = None,
+) -> int | None:
+    """Write one micro-batch from the executors and commit it as one stamped snapshot.
+
+    The executors write the batch as Parquet into a fresh folder under the table's
+    `data/`; the driver reads only the files' footers and commits them with
+    pyiceberg. Returns the new snapshot id, or None when the batch had no rows (no
+    snapshot is made). Idempotent per `(job, batch_id)` (and `query_id`, the Spark
+    query stamped beside the batch id when given): when the table already holds a
+    snapshot for that batch its id is returned and nothing is written. The batch
+    reaches the table at most once even when two drivers run it at the same time
+    (see the module docstring).
+
+    `mode="upsert"` replaces rows by `key_columns`: the batch is reduced to its last
+    row per key, the current data files holding any of its keys are rewritten
+    without those keys (distributed, in Spark), and one overwrite snapshot deletes
+    them and adds the rewritten files plus the batch. Files without batch keys are
+    left untouched.
+
+    `mode="cdc"` applies change records (see :mod:`spark_barrier.iceberg.cdc`): the
+    batch has the table's columns plus `op_column` (and `order_by`, if it is not a
+    table column); per key its last change wins (largest `order_by`, else last in the
+    batch); deleted keys leave the table and the others are upserted, in one snapshot
+    that rewrites only the files holding changed keys (a delete snapshot when it only
+    removes files; none when nothing changes). A null key or an unknown op raises
+    `CdcInputError` before anything is written.
+
+    `table` is refreshed in place first (a caller may hold it across batches).
+    A concurrent commit to the table (`CommitFailedException`, or for upserts a
+    conflicting concurrent change) is retried up to `max_attempts` times with
+    exponential backoff, re-planning the upsert against the refreshed table.
+    """
+    keys = check_mode(mode, key_columns, table, op_column, order_by)
+    if max_attempts < 1:
+        raise ValueError("max_attempts must be at least 1")
+    table.refresh()
+    _turn_off_pyiceberg_retries(table)
+    # Every attempt commits on the metadata this check (or should_stop's) ran on: the
+    # fast append asserts its parent snapshot, so another driver's commit of the batch
+    # in between makes the attempt fail rather than land a second time.
+    existing = find_batch_snapshot(table, job, batch_id, query_id)
+    if existing is not None:
+        log.info("%s batch %s already committed as snapshot %s", job, batch_id, existing)
+        return existing
+    stamp = encode_stamp(barrier, job, batch_id, query_id)
+    folder = f"{table.location()}/data/batch-{safe_name(job)}-{batch_id}-{uuid.uuid4().hex}"
+
+    where = f"job '{job}' batch {batch_id}"
+    with _batch_rows(spark_df, table, keys, op_column, order_by, where) as (rows, changes):
+        with step("write"):
+            added = write_data_files(rows, folder, table)
+        crash_point("after_write", batch_id)  # fault-injection tests only; a no-op otherwise
+        if changes is None and not added:
+            delete_folder(folder)
+            return None
+        attempt = _attempt(spark_df.sparkSession, table, stamp, folder, added, keys, changes)
+
+        def should_stop() -> int | None:
+            # Another driver running the same batch (a zombie after failover) may have
+            # won the race; re-checked on the refreshed table before every retry of ours.
+            done = find_batch_snapshot(table, job, batch_id, query_id)
+            if done is not None:
+                delete_folder(folder)  # our attempts did not land: nothing references it
+            return done
+
+        try:
+            with step("commit"):
+                snapshot = _with_retries(table, max_attempts, should_stop, attempt)
+        except NOT_LANDED:
+            delete_folder(folder)
+            raise
+    if snapshot is None:
+        delete_folder(folder)  # changes that changed nothing: no snapshot
+    return snapshot
+
+
+def _attempt(
+    spark: SparkSession,
+    table: Table,
+    stamp: dict[str, str],
+    folder: str,
+    added: list[DataFile],
+    keys: list[str],
+    changes: DataFrame | None,
+) -> Callable[[int], int | None]:
+    """One commit attempt of the written files `added` (attempt `n` rewrites into its
+    own folder): a fast append, an upsert, or the changes of a CDC batch."""
+    with step("key_range"):
+        key_filter = key_filter_from_frame(table, keys, changes) if changes is not None else None
+
+    def attempt(n: int) -> int | None:
+        rewrite_folder = f"{folder}/rewrite-{n}"
+        if changes is not None and key_filter is not None:
+            changed = changes.select(*keys)
+            return replace_keys_attempt(
+                spark, table, stamp, added, changed, keys, key_filter, rewrite_folder
+            )
+        if not keys:
+            return commit_files(table, stamp, added, [])
+        return upsert_attempt(spark, table, stamp, added, keys, rewrite_folder)
+
+    return attempt
+
+
+@contextmanager
+def _batch_rows(
+    spark_df: DataFrame,
+    table: Table,
+    keys: list[str],
+    op_column: str | None,
+    order_by: str | None,
+    where: str,
+) -> Iterator[tuple[DataFrame, DataFrame | None]]:
+    """The rows to write, and for a CDC batch its last change per key (cached while
+    the batch commits: its keys are read by every attempt)."""
+    if op_column is None:
+        rows = spark_df.select(*_check_columns(spark_df, table))
+        yield (last_row_per_key(rows, keys) if keys else rows), None
+        return
+    extra = [c for c in (op_column, order_by) if c and c not in column_names(table)]
+    # Cached: the feed is read once for the check and once for the changes.
+    records = spark_df.select(*_check_columns(spark_df, table, extra), *extra).persist()
+    try:
+        with step("cdc_check"):  # the first action: reads and transforms the batch
+            check_changes(records, keys, op_column, where)
+        changes = last_changes(records, keys, op_column, order_by).persist()
+        try:
+            upserts = changes.where(F.col(OP) != DELETE_OP).select(*column_names(table))
+            yield upserts, changes
+        finally:
+            changes.unpersist()
+    finally:
+        records.unpersist()
+
+
+def check_mode(
+    mode: str,
+    key_columns: Sequence[str] | None,
+    table: Table,
+    op_column: str | None = None,
+    order_by: str | None = None,
+) -> list[str]:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+    if mode != "cdc" and (op_column or order_by):
+        raise ValueError("op_column and order_by are only used with mode='cdc'")
+    if mode == "append":
+        if key_columns:
+            raise ValueError("key_columns are only used with mode='upsert' or mode='cdc'")
+        return []
+    if not key_columns:
+        raise ValueError(f"mode={mode!r} needs key_columns")
+    missing = set(key_columns) - set(column_names(table))
+    if missing:
+        raise ValueError(f"key columns not in table {table.name()}: {sorted(missing)}")
+    if mode == "cdc":
+        _check_cdc(table, key_columns, op_column)
+    return list(key_columns)
+
+
+def _check_cdc(table: Table, key_columns: Sequence[str], op_column: str | None) -> None:
+    if not op_column:
+        raise ValueError("mode='cdc' needs op_column, the column that holds each record's op")
+    if op_column in column_names(table):
+        raise ValueError(
+            f"op_column {op_column!r} is a column of table {table.name()}; the op is not "
+            "stored, so name the feed's op column differently"
+        )
+    check_key_types(table, key_columns)
+
+
+def _check_columns(df: DataFrame, table: Table, allowed: Sequence[str] = ()) -> list[str]:
+    # Refuse rather than drop or null-fill: a mismatch is a pipeline bug, and this
+    # layer does not evolve table schemas. `allowed`: extra columns a mode consumes.
+    columns = column_names(table)
+    extra = set(df.columns) - set(columns) - set(allowed)
+    missing = set(columns) - set(df.columns)
+    if extra or missing:
+        raise ValueError(
+            f"batch columns do not match table {table.name()}: "
+            f"not in the table {sorted(extra)}, missing from the batch {sorted(missing)}"
+        )
+    return columns
+
+
+def _turn_off_pyiceberg_retries(table: Table) -> None:
+    """Make pyiceberg fail a commit whose base is stale instead of retrying it itself.
+
+    pyiceberg's retry (``Transaction.commit_transaction``) re-applies a fast append on
+    the refreshed table without asking whether the batch landed meanwhile, so two
+    drivers committing one batch would both succeed. Our own loop (`_with_retries`)
+    checks that first. Tables made by `ensure_table` have the property already; others
+    get it once, in a commit of their own (which leaves `table` current).
+    """
+    if table.properties.get(TableProperties.COMMIT_NUM_RETRIES) == "0":
+        return
+    with table.transaction() as txn:
+        txn.set_properties({TableProperties.COMMIT_NUM_RETRIES: "0"})
+
+
+def _with_retries(
+    table: Table,
+    max_attempts: int,
+    should_stop: Callable[[], int | None],
+    attempt: Callable[[int], int | None],
+) -> int | None:
+    for n in range(max_attempts):
+        try:
+            return attempt(n)
+        except NOT_LANDED as exc:
+            if n + 1 >= max_attempts:
+                raise
+            delay = min(_BACKOFF_MAX_S, _BACKOFF_BASE_S * 2**n) * random.uniform(1.0, 1.5)
+            log.warning(
+                "commit to %s failed (%s), retry %d/%d in %.2fs",
+                table.name(),
+                exc,
+                n + 1,
+                max_attempts - 1,
+                delay,
+            )
+            time.sleep(delay)
+            table.refresh()
+            if (done := should_stop()) is not None:
+                return done
+    raise AssertionError("unreachable: the last attempt returns or raises")

@@ -1,0 +1,193 @@
+"""Data files: written by the executors with pyiceberg's writer, and cleaned up.
+
+Each Spark task turns its rows into Arrow batches (`mapInArrow`), computes the
+table's partition transforms and writes Parquet with pyiceberg's own writer
+(`_dataframe_to_data_files`: the transforms and partition values Iceberg readers
+expect; bucket is Iceberg's murmur3 through `pyiceberg-core`), through a FileIO
+rebuilt from the table's properties, so a local folder and an object store are
+written alike and nothing assumes the driver's file system. What comes back to the
+driver is one small serialized `DataFile` per file (path, partition, statistics).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import pickle
+import re
+import uuid
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+from pyiceberg.io import load_file_io
+from pyiceberg.io.pyarrow import _dataframe_to_data_files, schema_to_pyarrow
+from pyiceberg.manifest import DataFile
+from pyiceberg.table import Table, TableProperties
+from pyiceberg.table.locations import load_location_provider
+from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil
+from pyiceberg.utils.properties import property_as_int
+from pyspark.sql import DataFrame
+
+log = logging.getLogger(__name__)
+
+# The one column each write task returns: a pickled DataFile per written file.
+_RESULT_SCHEMA = pa.schema([pa.field("data_file", pa.binary(), False)])
+_RESULT_DDL = "data_file binary"
+
+# A task writes its rows in chunks of at most this many Arrow bytes (or the table's
+# `write.target-file-size-bytes`, if smaller): it bounds a Python worker's memory
+# (pyiceberg writes from a materialized table and copies it once per partition)
+# at the price of a file per chunk and partition.
+_MAX_CHUNK_BYTES = 128 * 1024 * 1024
+
+
+def write_data_files(df: DataFrame, folder: str, table: Table) -> list[DataFile]:
+    """Write `df` as data files of `table` under the new `folder` (executors), and describe them.
+
+    Columns are matched to the table's by name, in table order; rows are cast to the
+    table's Arrow types (Spark's session time zone on timestamps is only a label,
+    bytes and shorts widen to int), timestamps are written as micros. Partitioned
+    tables get one file per partition value (and chunk) of each task, carrying its
+    partition values. Returns one DataFile per written file; no file is empty, and no
+    rows reach the driver.
+    """
+    write = functools.partial(
+        _write_task,
+        metadata_json=_writer_metadata(table, folder),
+        io_properties=dict(table.io.properties),
+        arrow_schema=schema_to_pyarrow(table.schema(), include_field_ids=False),
+    )
+    written = df.select(*column_names(table)).mapInArrow(write, _RESULT_DDL).collect()
+    return [_decode_data_file(row["data_file"]) for row in written]
+
+
+def _writer_metadata(table: Table, folder: str) -> str:
+    """The table metadata the executors write with, serialized once on the driver.
+
+    `write.data.path` points pyiceberg's location provider at `folder`, so every file
+    lands under it (a failed commit deletes the folder). The snapshot history is left
+    out: writers need the schema, spec and properties, and a long-lived table's
+    history would be shipped with every task.
+    """
+    properties = {**table.metadata.properties, TableProperties.WRITE_DATA_PATH: folder}
+    probe = load_location_provider(table.location(), properties).new_data_location("probe")
+    if not probe.startswith(f"{folder}/"):
+        raise ValueError(
+            f"table {table.name()}'s location provider writes outside the batch folder "
+            f"({probe!r} for {folder!r}); a failed commit could not clean such files up. "
+            f"Unset the table property {TableProperties.WRITE_PY_LOCATION_PROVIDER_IMPL}"
+        )
+    metadata = table.metadata.model_copy(
+        update={
+            "properties": properties,
+            "snapshots": [],
+            "snapshot_log": [],
+            "metadata_log": [],
+            "refs": {},
+            "current_snapshot_id": None,
+            "statistics": [],
+            "partition_statistics": [],
+        }
+    )
+    return metadata.model_dump_json()
+
+
+def _write_task(
+    batches: Iterator[pa.RecordBatch],
+    *,
+    metadata_json: str,
+    io_properties: dict[str, str],
+    arrow_schema: pa.Schema,
+) -> Iterator[pa.RecordBatch]:
+    """One Spark task's part of `write_data_files` (runs on an executor)."""
+    metadata = TableMetadataUtil.parse_raw(metadata_json)
+    io = load_file_io(io_properties, metadata.location)
+    write_uuid, counter = uuid.uuid4(), itertools.count()
+    for chunk in _chunks(batches, arrow_schema, _chunk_bytes(metadata)):
+        files = _dataframe_to_data_files(metadata, chunk, io, write_uuid, counter)
+        encoded = [_encode_data_file(f) for f in files]
+        yield pa.RecordBatch.from_arrays([pa.array(encoded, pa.binary())], schema=_RESULT_SCHEMA)
+
+
+def _chunk_bytes(metadata: TableMetadata) -> int:
+    target = property_as_int(
+        metadata.properties,
+        TableProperties.WRITE_TARGET_FILE_SIZE_BYTES,
+        TableProperties.WRITE_TARGET_FILE_SIZE_BYTES_DEFAULT,
+    )
+    return min(target or _MAX_CHUNK_BYTES, _MAX_CHUNK_BYTES)
+
+
+def _chunks(
+    batches: Iterator[pa.RecordBatch], schema: pa.Schema, max_bytes: int
+) -> Iterator[pa.Table]:
+    """Non-empty tables of consecutive batches, renamed and cast to the table's `schema`."""
+    buffer: list[pa.RecordBatch] = []
+    size = 0
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        buffer.append(batch)
+        size += batch.nbytes
+        if size >= max_bytes:
+            yield _conform(buffer, schema)
+            buffer, size = [], 0
+    if buffer:
+        yield _conform(buffer, schema)
+
+
+def _conform(batches: list[pa.RecordBatch], schema: pa.Schema) -> pa.Table:
+    # Columns arrive in table order (write_data_files selects them so); Spark may spell
+    # a name in another case, so names are taken by position. The cast is safe: a
+    # value that does not fit the table's type fails the task instead of changing.
+    return pa.Table.from_batches(batches).rename_columns(schema.names).cast(schema)
+
+
+def _encode_data_file(data_file: DataFile) -> bytes:
+    return pickle.dumps(data_file)
+
+
+def _decode_data_file(blob: Any) -> DataFile:
+    # Executors and driver run the same pyiceberg: the pickle is read by its writer's code.
+    data_file = pickle.loads(bytes(blob))
+    if not isinstance(data_file, DataFile):
+        raise TypeError(f"a write task returned {type(data_file).__name__}, not a DataFile")
+    return data_file
+
+
+def delete_folder(folder: str) -> None:
+    """Best-effort removal of files no snapshot references."""
+    try:
+        fs, path = pafs.FileSystem.from_uri(folder)
+        fs.delete_dir(path)
+    except (OSError, pa.ArrowException) as exc:
+        log.warning("could not delete %s: %s", folder, exc)
+
+
+def path_key(path: str) -> tuple[str, str, str]:
+    """A data file's identity regardless of URI spelling (`file:/x`, `file:///x`, `/x`).
+
+    For paths as Iceberg metadata holds them, whose characters are literal: pyiceberg's
+    FileIO does not percent-decode, so the folder of partition value `x/y`, `x%2Fy`, is
+    named so on storage. Spark reports files as URIs: key those with `spark_path_key`.
+    """
+    parsed = urlparse(path)
+    return (parsed.scheme or "file", parsed.netloc, parsed.path)
+
+
+def spark_path_key(uri: str) -> tuple[str, str, str]:
+    """:func:`path_key` of a file as Spark reports it (`_metadata.file_path`: percent-encoded)."""
+    parsed = urlparse(uri)
+    return (parsed.scheme or "file", parsed.netloc, unquote(parsed.path))
+
+
+def safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+
+
+def column_names(table: Table) -> list[str]:
+    return [f.name for f in table.schema().fields]
