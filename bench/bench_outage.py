@@ -458,7 +458,7 @@ class SparkRun:
         return self.job.reporter.outbox
 
     def stamped(self) -> list[Any]:
-        from spark_barrier.iceberg_io import list_stamped_snapshots
+        from spark_barrier.iceberg.stamps import list_stamped_snapshots
 
         return list_stamped_snapshots(self.job.catalog.load_table(self.table_name))
 

@@ -51,7 +51,8 @@ from pyspark.sql import DataFrame, DataFrameWriter, SparkSession
 from pyspark.sql import functions as F
 
 import spark_barrier
-import spark_barrier.iceberg_io as iceberg_io
+import spark_barrier.iceberg.catalog as iceberg_catalog
+import spark_barrier.iceberg.commit as iceberg_commit
 import spark_barrier.job as job_module
 from bench.common import host_facts, loadavg
 from examples import streaming_warehouse as demo_module
@@ -130,12 +131,10 @@ def instrumented(job: spark_barrier.BarrierJob) -> Iterator[None]:
         (job.reporter, "report", "report_outbox_append"),
         # inside commit_batch
         (Table, "refresh", "commit.table_refresh"),
-        (iceberg_io, "find_batch_snapshot", "commit.find_batch_snapshot"),
-        (iceberg_io, "_write_data_files", "commit.write_data_files"),
+        (iceberg_commit, "find_batch_snapshot", "commit.find_batch_snapshot"),
+        (iceberg_commit, "write_data_files", "commit.write_data_files"),
         (DataFrameWriter, "parquet", "commit.write.spark_parquet_write"),
-        (iceberg_io, "_list_parquet_files", "commit.write.list_files_spark"),
-        (iceberg_io, "parquet_file_to_data_file", "commit.write.footer_read_thread_sum"),
-        (iceberg_io, "_commit_files", "commit.pyiceberg_commit"),
+        (iceberg_commit, "commit_files", "commit.pyiceberg_commit"),
         (SqlCatalog, "commit_table", "commit.pyiceberg_commit.catalog_commit_table"),
     ]
     with contextlib.ExitStack() as stack:
@@ -246,10 +245,7 @@ def summarize_overhead(
     derived: dict[str, list[float]] = defaultdict(list)
     for s in steps:
         g = s.get
-        write = g("commit.write_data_files", 0.0)
         spark_write = g("commit.write.spark_parquet_write", 0.0)
-        listing = g("commit.write.list_files_spark", 0.0)
-        derived["commit.write.footer_read_wall"].append(write - spark_write - listing)
         derived["commit.pyiceberg_commit.manifests_and_metadata"].append(
             g("commit.pyiceberg_commit", 0.0)
             - g("commit.pyiceberg_commit.catalog_commit_table", 0.0)
@@ -311,7 +307,7 @@ def measure_freshness(spark: SparkSession, root: Path, seconds: int, warmup: int
     )
     with EmbeddedMetaService(demo.settings) as url:
         demo.client = MetaServiceClient(url)
-        demo.catalog = iceberg_io.open_catalog(demo.db_url, str(demo.tables_dir))
+        demo.catalog = iceberg_catalog.open_catalog(demo.db_url, str(demo.tables_dir))
         started = time.monotonic()
         jobs, _ = demo.start_jobs(spark, url)
         start_jobs_s = time.monotonic() - started

@@ -6,7 +6,7 @@ import contextlib
 import os
 import platform
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,13 @@ def host_facts() -> dict[str, Any]:
         "platform": platform.platform(),
         "python": platform.python_version(),
     }
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile."""
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), int(-(-q * len(ordered) // 100))))
+    return ordered[rank - 1]
 
 
 def loadavg() -> list[float]:

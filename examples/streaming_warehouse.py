@@ -1,17 +1,21 @@
 """A streaming warehouse on barrier-aligned Spark jobs, on its own embedded defaults.
 
     python -m examples.streaming_warehouse [--warehouse ./demo-warehouse] [--duration 60]
+                                           [--master spark://host:7077]
+                                           [--tables s3://bucket/wh --catalog-property s3.endpoint=...]
 
-Four streaming queries in one Spark driver, coordinated by an embedded MetaService:
+Four streaming queries in one Spark driver, coordinated by an embedded MetaService
+(see `examples.warehouse_pipeline` for the story):
 
-    ingest_orders  (rate source)  -> ods.orders        append
-    ingest_items   (rate source)  -> ods.items         upsert on item_id (price updates)
-    build_order_detail  ods.orders + ods.items(as of the barrier) -> dwd.order_detail
-    aggregate_revenue   dwd.order_detail -> dws.item_revenue        upsert on item_id
+    ingest_orders  (order CDC: place, ship, cancel) -> ods.orders   (partitioned by day)
+    ingest_items   (price CDC)                      -> ods.items    (partitioned by day)
+    build_order_detail  ods.orders changelog + ods.items as of the barrier -> dwd.order_detail
+    aggregate_revenue   dwd.order_detail changelog                          -> dws.item_revenue
 
-While it runs it prints progress and, a few times, checks that revenue per item in
-dws.item_revenue equals the sum of amounts in dwd.order_detail: at the consistent
-version (always equal) and on the latest snapshots (often not).
+While it runs it prints each table's delay and, every 15 s, checks at the consistent
+version of all four tables that revenue per item equals the sum of the amounts of the
+live orders, that order counts match and that the detail holds exactly the live orders
+(always true), and the same on the latest snapshots (often not).
 """
 
 from __future__ import annotations
@@ -22,113 +26,16 @@ import time
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 import spark_barrier
+from examples import warehouse_pipeline as wp
 from examples.embedded import EmbeddedMetaService
 from metaservice.client import ConflictError, MetaServiceClient
 from metaservice.settings import Settings
-from spark_barrier import BatchContext
-from spark_barrier.iceberg_io import open_catalog, read_snapshot
+from spark_barrier.iceberg.catalog import load_catalog
+from spark_barrier.iceberg.read import read_snapshot
 
-ITEMS = 20
-MONEY = T.DecimalType(18, 2)
-ORDERS_SCHEMA = T.StructType(
-    [
-        T.StructField("order_id", T.LongType()),
-        T.StructField("item_id", T.LongType()),
-        T.StructField("quantity", T.IntegerType()),
-        T.StructField("ordered_at", T.TimestampType()),
-    ]
-)
-ITEMS_SCHEMA = T.StructType(
-    [
-        T.StructField("item_id", T.LongType()),
-        T.StructField("price", MONEY),
-        T.StructField("updated_at", T.TimestampType()),
-    ]
-)
-DETAIL_SCHEMA = T.StructType(
-    [
-        T.StructField("order_id", T.LongType()),
-        T.StructField("item_id", T.LongType()),
-        T.StructField("quantity", T.IntegerType()),
-        T.StructField("price", MONEY),
-        T.StructField("amount", MONEY),
-    ]
-)
-REVENUE_SCHEMA = T.StructType(
-    [
-        T.StructField("item_id", T.LongType()),
-        T.StructField("revenue", MONEY),
-        T.StructField("order_count", T.LongType()),
-    ]
-)
-DETAIL, REVENUE = "dwd.order_detail", "dws.item_revenue"
-
-
-def generated_orders(spark: SparkSession, rows_per_second: int) -> DataFrame:
-    return (
-        spark.readStream.format("rate")
-        .option("rowsPerSecond", rows_per_second)
-        .load()
-        .select(
-            F.col("value").alias("order_id"),
-            ((F.col("value") * 7) % ITEMS).alias("item_id"),
-            ((F.col("value") % 5) + 1).cast("int").alias("quantity"),
-            F.col("timestamp").alias("ordered_at"),
-        )
-    )
-
-
-def generated_prices(spark: SparkSession) -> DataFrame:
-    # Every item gets a price in its first seconds, then prices keep changing.
-    return (
-        spark.readStream.format("rate")
-        .option("rowsPerSecond", 5)
-        .load()
-        .select(
-            (F.col("value") % ITEMS).alias("item_id"),
-            (F.lit(5) + (F.col("value") * 37 % 400) / 4).cast(MONEY).alias("price"),
-            F.col("timestamp").alias("updated_at"),
-        )
-    )
-
-
-def enrich(orders: DataFrame, ctx: BatchContext) -> DataFrame:
-    """Join the batch's orders with item prices as of the same barrier."""
-    items = ctx.read("ods.items").select("item_id", "price")
-    return orders.join(items, "item_id").select(
-        "order_id",
-        "item_id",
-        "quantity",
-        "price",
-        (F.col("quantity") * F.col("price")).cast(MONEY).alias("amount"),
-    )
-
-
-def accumulate(details: DataFrame, ctx: BatchContext) -> DataFrame:
-    """New totals for the items this batch touched: old totals plus the batch's amounts."""
-    delta = details.groupBy("item_id").agg(
-        F.sum("amount").alias("added"), F.count("*").alias("orders")
-    )
-    current = ctx.read(REVENUE)
-    return delta.join(current, "item_id", "left").select(
-        "item_id",
-        (F.coalesce("revenue", F.lit(0)) + F.col("added")).cast(MONEY).alias("revenue"),
-        (F.coalesce("order_count", F.lit(0)) + F.col("orders")).alias("order_count"),
-    )
-
-
-def revenue_mismatches(detail: DataFrame, revenue: DataFrame) -> tuple[int, int]:
-    """(items compared, items whose revenue differs from the sum of their amounts)."""
-    expected = detail.groupBy("item_id").agg(F.sum("amount").alias("expected"))
-    joined = expected.join(revenue, "item_id", "full")
-    differ = joined.where(
-        ~F.coalesce(F.col("expected"), F.lit(0)).eqNullSafe(F.coalesce(F.col("revenue"), F.lit(0)))
-    )
-    return joined.count(), differ.count()
+CHECK_EVERY_S = 15
 
 
 class Demo:
@@ -136,13 +43,22 @@ class Demo:
         self.root = Path(args.warehouse).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.db_url = f"sqlite:///{self.root / 'metaservice.db'}"
-        self.tables_dir = self.root / "tables"
+        self.tables = args.tables or str(self.root / "tables")
         self.state_dir = self.root / "state"
         self.duration = args.duration
         self.rate = args.orders_per_second
+        self.master = args.master
+        # The catalog: a SQL catalog in the MetaService's database, tables under
+        # --tables (a folder or s3://), plus whatever --catalog-property says.
+        self.catalog_properties = {
+            "type": "sql",
+            "uri": self.db_url,
+            "warehouse": self.tables,
+            **dict(p.split("=", 1) for p in args.catalog_property),
+        }
         self.settings = Settings(
             db_url=self.db_url,
-            warehouse=str(self.tables_dir),
+            warehouse=self.tables,
             barrier_interval_ms=args.barrier_interval_ms,
             port=args.port,
         )
@@ -150,94 +66,36 @@ class Demo:
     def run(self) -> None:
         print(f"everything is kept under {self.root}")
         print(f"  MetaService database and Iceberg catalog: {self.db_url}")
-        print(f"  Iceberg tables: {self.tables_dir}")
+        print(f"  Iceberg tables: {self.tables}")
         print(f"  Spark checkpoints and report outboxes: {self.state_dir}")
         with EmbeddedMetaService(self.settings) as url:
             print(f"MetaService running at {url} (API docs at {url}/docs)")
-            spark = spark_barrier.local_spark_builder("streaming-warehouse").getOrCreate()
+            builder = spark_barrier.local_spark_builder("streaming-warehouse", master=self.master)
+            spark = builder.getOrCreate()
             spark.sparkContext.setLogLevel("ERROR")
+            print(f"Spark master: {spark.sparkContext.master}")
             self.client = MetaServiceClient(url)
-            self.catalog = open_catalog(self.db_url, str(self.tables_dir))
-            jobs, _ = self.start_jobs(spark, url)
+            self.catalog = load_catalog(self.catalog_properties)
+            register = wp.registrar(
+                spark, url, catalog_properties=self.catalog_properties, state_dir=self.state_dir
+            )
+            self.pipeline = wp.build(spark, register, orders_per_second=self.rate)
+            self.queries = {name: self.pipeline.start(name) for name in self.pipeline.launchers}
+            print(f"started {len(self.queries)} streaming queries: {', '.join(self.queries)}")
             try:
                 self.watch(spark)
             finally:
                 print("stopping the streaming queries between batches ...")
                 for q in self.queries.values():
                     spark_barrier.stop_between_batches(q)
-                for job in jobs:
-                    job.close()
+                self.pipeline.close()
             self.report(spark)
             spark.stop()
         print(
             f"\nthe run is kept in {self.root}; to query it later:\n"
             f"  metaservice start --db {self.db_url}\n"
-            f"  metaservice lineage {REVENUE}"
+            f"  metaservice lineage {wp.REVENUE}"
         )
-
-    def register(self, spark: SparkSession, url: str, **kwargs):  # type: ignore[no-untyped-def]
-        return spark_barrier.register(
-            spark,
-            url,
-            catalog_uri=self.db_url,
-            warehouse=str(self.tables_dir),
-            catalog=self.catalog,
-            state_dir=self.state_dir,
-            **kwargs,
-        )
-
-    def start_jobs(self, spark: SparkSession, url: str):  # type: ignore[no-untyped-def]
-        items = self.register(
-            spark,
-            url,
-            job="ingest_items",
-            outputs={"ods.items": ITEMS_SCHEMA},
-            description="item prices from the catalogue feed",
-        )
-        orders = self.register(
-            spark,
-            url,
-            job="ingest_orders",
-            outputs={"ods.orders": ORDERS_SCHEMA},
-            description="orders from the shop's CDC stream",
-        )
-        detail = self.register(
-            spark,
-            url,
-            job="build_order_detail",
-            inputs=["ods.orders"],
-            lookups=["ods.items"],  # an upsert table: read at each batch's barrier, not streamed
-            outputs={DETAIL: DETAIL_SCHEMA},
-            description="orders priced at their barrier",
-        )
-        revenue = self.register(
-            spark,
-            url,
-            job="aggregate_revenue",
-            inputs=[DETAIL],
-            outputs={REVENUE: REVENUE_SCHEMA},
-            description="revenue per item",
-        )
-        # How to (re)start each query: a failed one restarts from its checkpoint, and
-        # the barrier sink makes the replayed batch exactly-once.
-        self.launchers = {
-            "ingest_items": lambda: items.start(
-                generated_prices(spark), items.sink(mode="upsert", key_columns=["item_id"])
-            ),
-            "ingest_orders": lambda: orders.start(
-                generated_orders(spark, self.rate), orders.sink()
-            ),
-            "build_order_detail": lambda: detail.start(
-                detail.source("ods.orders"), detail.sink(transform=enrich)
-            ),
-            "aggregate_revenue": lambda: revenue.start(
-                revenue.source(DETAIL),
-                revenue.sink(mode="upsert", key_columns=["item_id"], transform=accumulate),
-            ),
-        }
-        self.queries = {name: launch() for name, launch in self.launchers.items()}
-        print(f"started {len(self.queries)} streaming queries: {', '.join(self.queries)}")
-        return [items, orders, detail, revenue], self.queries
 
     def supervise(self) -> None:
         for name, query in list(self.queries.items()):
@@ -247,23 +105,20 @@ class Demo:
                 print(
                     f"  query {name} failed ({first_line[:160]}); restarting it from its checkpoint"
                 )
-                self.queries[name] = self.launchers[name]()
+                self.queries[name] = self.pipeline.start(name)
 
     def watch(self, spark: SparkSession) -> None:
         start = time.monotonic()
-        next_check = start + 15
+        next_check = start + CHECK_EVERY_S
         while (elapsed := time.monotonic() - start) < self.duration:
             time.sleep(5)
             self.supervise()
             tables = {t.name: t for t in self.client.all_tables()}
-            line = "  ".join(
-                f"{name} {self._lag(tables[name].delay_ms)}"
-                for name in ("ods.orders", "ods.items", DETAIL, REVENUE)
-            )
+            line = "  ".join(f"{n} {self._lag(tables[n].delay_ms)}" for n in wp.ALL_TABLES)
             print(f"[{elapsed:5.0f}s] delay: {line}", flush=True)
             if time.monotonic() >= next_check:
                 self.check(spark)
-                next_check = time.monotonic() + 15
+                next_check = time.monotonic() + CHECK_EVERY_S
 
     @staticmethod
     def _lag(delay_ms: int | None) -> str:
@@ -273,25 +128,20 @@ class Demo:
 
     def check(self, spark: SparkSession) -> None:
         try:
-            read = spark_barrier.read_consistent(
-                spark, self.client, self.catalog, [DETAIL, REVENUE]
-            )
+            read = spark_barrier.read_consistent(spark, self.client, self.catalog, wp.ALL_TABLES)
         except ConflictError:
             print("  consistent version: none yet (the jobs have not committed a common barrier)")
             return
-        compared, wrong = revenue_mismatches(read[DETAIL], read[REVENUE])
+        found = wp.check({name: read[name] for name in wp.ALL_TABLES})
         age = (time.time() * 1000 - read.version.barrier) / 1000
-        verdict = "OK" if wrong == 0 else f"MISMATCH on {wrong} items"
         print(
-            f"  consistent version at barrier {read.version.barrier} ({age:.1f}s old), "
-            f"snapshots {read.version.snapshots}: revenue == sum(amount) for {compared} items: {verdict}"
+            f"  consistent version at barrier {read.version.barrier} ({age:.1f}s old): "
+            f"{found.describe()}"
         )
-        detail_latest = self._latest(spark, DETAIL)
-        revenue_latest = self._latest(spark, REVENUE)
-        compared, wrong = revenue_mismatches(detail_latest, revenue_latest)
+        latest = wp.check({name: self._latest(spark, name) for name in wp.ALL_TABLES})
         print(
-            f"  latest snapshots (no coordination): {wrong} of {compared} items disagree"
-            + (" - expected, they are not a consistent pair" if wrong else "")
+            f"  latest snapshots (no coordination): {latest.describe()}"
+            + ("" if latest.ok else " - expected, they are not a consistent set")
         )
 
     def _latest(self, spark: SparkSession, name: str) -> DataFrame:
@@ -300,8 +150,8 @@ class Demo:
         return read_snapshot(spark, table, current.snapshot_id if current else None)
 
     def report(self, spark: SparkSession) -> None:
-        print("\n== lineage of dws.item_revenue (upstream) ==")
-        graph = self.client.lineage(REVENUE, direction="upstream")
+        print(f"\n== lineage of {wp.REVENUE} (upstream) ==")
+        graph = self.client.lineage(wp.REVENUE, direction="upstream")
         for edge in graph.edges:
             print(f"  {edge.source} -> {edge.target}")
         print("\n== frontiers and delays ==")
@@ -310,8 +160,8 @@ class Demo:
                 f"  {t.name:18} writer {t.writer:20} frontier {t.frontier}  delay {self._lag(t.delay_ms)}"
                 f"  latest snapshot {t.latest_snapshot}"
             )
-        delay = self.client.delay(REVENUE)
-        print(f"\n== critical path of {REVENUE} ({delay.delay_ms / 1000:.1f}s behind) ==")
+        delay = self.client.delay(wp.REVENUE)
+        print(f"\n== critical path of {wp.REVENUE} ({delay.delay_ms / 1000:.1f}s behind) ==")
         for lag in delay.critical_path:
             print(
                 f"  {lag.job:20} waits on {lag.slowest_input or 'the wall clock':18} "
@@ -320,13 +170,16 @@ class Demo:
         print("\n== final check ==")
         self.check(spark)
         try:
-            version = self.client.consistent_version([DETAIL, REVENUE])
-            lineage = self.client.snapshot_lineage(REVENUE, version.snapshots[REVENUE])  # type: ignore[arg-type]
-            print(f"\n== data lineage of {REVENUE} snapshot {lineage.snapshot_id} ==")
+            version = self.client.consistent_version([wp.DETAIL, wp.REVENUE])
+            snapshot = version.snapshots[wp.REVENUE]
+            if snapshot is None:
+                return
+            lineage = self.client.snapshot_lineage(wp.REVENUE, snapshot)
+            print(f"\n== data lineage of {wp.REVENUE} snapshot {lineage.snapshot_id} ==")
             print(f"  made by {lineage.job} batch {lineage.batch_id} at barrier {lineage.barrier}")
             for rng in lineage.inputs:
                 print(f"  consumed {rng.table} snapshots ({rng.from_snapshot}, {rng.to_snapshot}]")
-        except (ConflictError, KeyError, TypeError):
+        except ConflictError:
             pass
 
 
@@ -335,7 +188,22 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--warehouse", default="./demo-warehouse", help="folder for everything the run keeps"
+        "--warehouse",
+        default="./demo-warehouse",
+        help="local folder for the MetaService database, checkpoints and (by default) the tables",
+    )
+    parser.add_argument(
+        "--tables", default=None, help="where the tables live: a folder or s3://bucket/path"
+    )
+    parser.add_argument(
+        "--catalog-property",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a pyiceberg catalog property, e.g. s3.endpoint=http://127.0.0.1:9000 (repeatable)",
+    )
+    parser.add_argument(
+        "--master", default="local[2]", help="Spark master, e.g. spark://127.0.0.1:7077"
     )
     parser.add_argument("--duration", type=float, default=60, help="seconds to run the pipeline")
     parser.add_argument("--orders-per-second", type=int, default=50)
@@ -344,6 +212,9 @@ def main(argv: list[str] | None = None) -> None:
         "--port", type=int, default=0, help="MetaService port (default: a free one)"
     )
     args = parser.parse_args(argv)
+    bad = [p for p in args.catalog_property if "=" not in p]
+    if bad:
+        parser.error(f"--catalog-property takes KEY=VALUE, not {bad[0]!r}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     # A batch interrupted at shutdown is replayed on the next run; its trace is noise.
     logging.getLogger("py4j").setLevel(logging.CRITICAL)

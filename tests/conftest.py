@@ -23,6 +23,8 @@ from metaservice.clock import ManualClock
 from metaservice.db import normalise_url
 from metaservice.migrate import upgrade
 from metaservice.settings import Settings
+from tests.cluster import StandaloneCluster
+from tests.s3 import S3Server
 
 PG_ENV = "METASERVICE_TEST_PG_URL"
 START_MS = 1_700_000_000_000  # on the 1 s grid
@@ -100,3 +102,28 @@ def client(settings: Settings, clock: ManualClock) -> Iterator[TestClient]:
     """The service in-process (ASGI), on a manual clock, with its lifespan run."""
     with TestClient(create_app(settings, clock), raise_server_exceptions=False) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
+    """A Spark standalone cluster on loopback (a master, two workers of 1 core and 1g), one
+    for the whole run. Jobs on it run in a driver subprocess: see tests/cluster.py."""
+    with StandaloneCluster(base_dir=tmp_path_factory.mktemp("spark-cluster")) as cluster:
+        yield cluster
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # A test on the cluster starts several JVMs: select or skip it with -m spark / -m slow.
+    for item in items:
+        if "spark_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.spark)
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """An S3-compatible server (moto) on loopback with one bucket, for the whole run.
+    Tests keep apart by warehouse: ``s3_server.warehouse(name)``, ``s3_server.properties``
+    for the pyiceberg properties (see tests/s3.py)."""
+    with S3Server(tmp_path_factory.mktemp("s3") / "moto.log") as server:
+        yield server

@@ -22,7 +22,9 @@ from pyspark.sql.streaming.query import StreamingQuery
 import spark_barrier
 from metaservice.client import MetaServiceClient, MetaServiceError
 from spark_barrier import BatchContext
-from spark_barrier.iceberg_io import list_stamped_snapshots, open_catalog, read_snapshot
+from spark_barrier.iceberg.catalog import open_catalog
+from spark_barrier.iceberg.read import read_snapshot
+from spark_barrier.iceberg.stamps import list_stamped_snapshots
 from tests.faults.workload import all_recorded
 
 SOURCE, DERIVED = "ods.events", "dw.doubled"

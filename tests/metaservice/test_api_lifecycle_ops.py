@@ -86,7 +86,7 @@ def test_expiry_plan_ignores_empty_batches(client, clock):
 
 
 def test_expiry_plan_keeps_the_newest_n_snapshots_by_retention(db_url, clock):
-    with custom_client(db_url, clock, retain_last_snapshots=3) as c:
+    with custom_client(db_url, clock, retention_keep_last=3) as c:
         put_job(c, "src", ["ods.orders"])
         _snapshots(c, clock, "src", "ods.orders", [1, 2, 3, 4, 5])
         plan, expirable, kept = _plan(c, "ods.orders")
@@ -100,7 +100,7 @@ def test_expiry_plan_keeps_the_newest_n_snapshots_by_retention(db_url, clock):
 
 
 def test_expiry_plan_keeps_snapshots_younger_than_the_retention_age(db_url, clock):
-    with custom_client(db_url, clock, retain_seconds=2) as c:
+    with custom_client(db_url, clock, retention_keep_for_seconds=2) as c:
         put_job(c, "src", ["ods.orders"])
         _snapshots(c, clock, "src", "ods.orders", [1, 2, 3, 4])  # reported at T0 .. T0+3s
         _, expirable, kept = _plan(c, "ods.orders")  # now T0+4s: T0+2s and later are young

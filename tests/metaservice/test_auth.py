@@ -70,6 +70,10 @@ NEEDS: dict[tuple[str, str], Role] = {
     ("GET", "/api/v1/tables/{table}"): Role.READER,
     ("GET", "/api/v1/tables/{table}/snapshots"): Role.READER,
     ("GET", "/api/v1/tables/{table}/expirable"): Role.READER,
+    ("POST", "/api/v1/tables/{table}/expire"): Role.ADMIN,
+    ("GET", "/api/v1/tables/{table}/retention"): Role.READER,
+    ("PUT", "/api/v1/tables/{table}/retention"): Role.ADMIN,
+    ("DELETE", "/api/v1/tables/{table}/retention"): Role.ADMIN,
     ("POST", "/api/v1/commits"): Role.WRITER,
     ("POST", "/api/v1/commits/batch"): Role.WRITER,
     ("GET", "/api/v1/versions/consistent"): Role.READER,
@@ -106,6 +110,7 @@ BODIES = {
     ("POST", "/api/v1/jobs/{job}/claims"): {"claims": [{"batch_id": 9, "barrier": 0}]},
     ("POST", "/api/v1/leases"): {"tables": ["ods.orders", "dw.detail"], "lease_seconds": 60},
     ("POST", "/api/v1/tokens"): {"role": "reader", "description": "made by the test"},
+    ("PUT", "/api/v1/tables/{table}/retention"): {"keep_last": 5},
 }
 # GET /versions/consistent with a lease takes one: a writer's call, though it is a GET.
 LEASE_QUERY = {"tables": "ods.orders,dw.detail", "lease_seconds": "60"}

@@ -5,6 +5,9 @@ auto-advance) and a job deleted under a request."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import sqlalchemy as sa
 
@@ -102,6 +105,51 @@ def test_not_ready_holds_for_the_rest_of_the_trigger(client, clock):
     second = next_barrier(client, "d", after=0, source="ods.s")
     assert second["ready"]
     assert next_barrier(client, "d", after=0, source="ods.t")["barrier"] == second["barrier"]
+
+
+def test_a_long_poll_answers_as_soon_as_the_batch_is_ready(client, clock):
+    put_job(client, "s", ["ods.s"])
+    put_job(client, "d", ["dw.d"], inputs=["ods.s", "ods.t"])  # nobody writes ods.t yet
+    answers: list[dict] = []
+    waiting = threading.Thread(
+        target=lambda: answers.append(
+            next_barrier(client, "d", after=0, source="ods.s", wait_ms=20_000)
+        )
+    )
+    started = time.monotonic()
+    waiting.start()
+    time.sleep(0.3)
+    assert not answers, "the long poll answered before its input had a writer"
+    put_job(client, "t", ["ods.t"])
+    run_batch(client, "s", 0, {"ods.s": 1})
+    run_batch(client, "t", 0, {"ods.t": 2})
+    clock.advance(3 * SLOT)  # the sources' slots close
+    waiting.join(timeout=15)
+    assert answers and answers[0]["ready"], answers
+    assert time.monotonic() - started < 10, "the long poll waited out its whole wait_ms"
+
+
+def test_a_long_poll_times_out_not_ready_and_a_held_round_answers_at_once(client, clock):
+    put_job(client, "s", ["ods.s"])
+    put_job(client, "d", ["dw.d"], inputs=["ods.s", "ods.t"])  # nobody writes ods.t yet
+    started = time.monotonic()
+    first = next_barrier(client, "d", after=0, source="ods.s", wait_ms=300)
+    assert not first["ready"] and time.monotonic() - started >= 0.3
+    put_job(client, "t", ["ods.t"])
+    run_batch(client, "s", 0, {"ods.s": 1})
+    run_batch(client, "t", 0, {"ods.t": 2})
+    clock.advance(3 * SLOT)
+    # The other source of the same trigger: held "not ready", answered without waiting.
+    started = time.monotonic()
+    assert not next_barrier(client, "d", after=0, source="ods.t", wait_ms=20_000)["ready"]
+    assert time.monotonic() - started < 5
+
+
+def test_a_long_poll_longer_than_the_limit_is_refused(client):
+    put_job(client, "s", ["ods.s"])
+    put_job(client, "d", ["dw.d"], inputs=["ods.s"])
+    r = client.get(f"{API}/jobs/d/next-barrier", params={"wait_ms": 10**9})
+    assert r.status_code == 422, r.text
 
 
 def test_a_batch_spark_planned_otherwise_is_refused(client, clock, db_url):

@@ -36,13 +36,8 @@ from metaservice.reconcile import service
 from metaservice.reconcile.iceberg import reconcile_catalog
 from metaservice.reconcile.schemas import ReconcileReport, Stamp
 from metaservice.settings import Settings
-from spark_barrier.iceberg_io import (
-    SUMMARY_BARRIER,
-    SUMMARY_BATCH,
-    SUMMARY_JOB,
-    ensure_table,
-    open_catalog,
-)
+from spark_barrier.iceberg.catalog import ensure_table, open_catalog
+from spark_barrier.iceberg.stamps import SUMMARY_BARRIER, SUMMARY_BATCH, SUMMARY_JOB
 from tests.metaservice.helpers import (
     SLOT,
     T0,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pyiceberg.catalog import Catalog
 
-from spark_barrier.iceberg_io import open_catalog
+from spark_barrier.iceberg.catalog import open_catalog
 
 
 @pytest.fixture

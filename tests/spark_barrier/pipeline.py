@@ -16,7 +16,8 @@ from pyspark.sql import types as T
 from examples.embedded import EmbeddedMetaService
 from metaservice.client import MetaServiceClient
 from metaservice.settings import Settings
-from spark_barrier.iceberg_io import commit_batch, open_catalog
+from spark_barrier.iceberg.catalog import open_catalog
+from spark_barrier.iceberg.commit import commit_batch
 
 NUMBERS_SCHEMA = T.StructType(
     [T.StructField("id", T.LongType()), T.StructField("barrier", T.LongType())]
@@ -31,6 +32,11 @@ class Service:
     state_dir: Path
     client: MetaServiceClient
     catalog: Catalog
+
+    @property
+    def catalog_properties(self) -> dict[str, str]:
+        """The pyiceberg properties of the catalog: SQL, in the MetaService's database."""
+        return {"type": "sql", "uri": self.db_url, "warehouse": self.warehouse}
 
 
 @pytest.fixture
@@ -81,5 +87,6 @@ def ids_of(frame: DataFrame) -> list[int]:
     return sorted(r.id for r in frame.select("id").collect())
 
 
-def with_input(frame: DataFrame, name: str) -> DataFrame:
-    return frame.withColumn("input", F.lit(name))
+def labelled(batch: DataFrame) -> DataFrame:
+    """A batch of several inputs with its ``_table`` column as ``input``: ``ods.fast`` -> ``fast``."""
+    return batch.withColumn("input", F.substring_index("_table", ".", -1)).drop("_table")

@@ -19,18 +19,18 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.io.pyarrow import parquet_file_to_data_file
 from pyiceberg.table import Table
 
-from spark_barrier import iceberg_io
-from spark_barrier.iceberg_io import (
+from spark_barrier.iceberg import commit as commit_module
+from spark_barrier.iceberg.catalog import ensure_table
+from spark_barrier.iceberg.commit import commit_batch
+from spark_barrier.iceberg.stamps import (
     SUMMARY_BARRIER,
     SUMMARY_BATCH,
     SUMMARY_JOB,
     SUMMARY_QUERY,
-    _commit_files,
-    commit_batch,
-    ensure_table,
     find_batch_commit,
     list_stamped_snapshots,
 )
+from spark_barrier.iceberg.transaction import commit_files
 
 SCHEMA = pa.schema([pa.field("k", pa.int64(), True)])
 
@@ -62,8 +62,8 @@ def writes(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     def fake_write(df: Any, folder: str, table: Table) -> list[Any]:
         return queue.pop(0)(table)  # type: ignore[no-any-return]
 
-    monkeypatch.setattr(iceberg_io, "_write_data_files", fake_write)
-    monkeypatch.setattr(iceberg_io, "_BACKOFF_BASE_S", 0.01)
+    monkeypatch.setattr(commit_module, "write_data_files", fake_write)
+    monkeypatch.setattr(commit_module, "_BACKOFF_BASE_S", 0.01)
     return queue
 
 
@@ -109,12 +109,12 @@ def test_a_table_not_made_by_ensure_table_gets_pyiceberg_retries_turned_off(
 def test_a_batch_id_of_another_spark_query_is_not_a_replay(catalog: Catalog) -> None:
     table = ensure_table(catalog, "ns.t", SCHEMA)
     stamp = {SUMMARY_BARRIER: "1000", SUMMARY_JOB: "j", SUMMARY_BATCH: "0"}
-    legacy = _commit_files(table, stamp, [write_file(table, "legacy", [1])], [])
+    legacy = commit_files(table, stamp, [write_file(table, "legacy", [1])], [])
     table.refresh()
     assert find_batch_commit(table, "j", 0, "q-new") == (legacy, 1000, "j", 0, None)
 
     stamp = {**stamp, SUMMARY_BATCH: "1", SUMMARY_QUERY: "q-old"}
-    stamped = _commit_files(table, stamp, [write_file(table, "stamped", [2])], [])
+    stamped = commit_files(table, stamp, [write_file(table, "stamped", [2])], [])
     table.refresh()
     assert find_batch_commit(table, "j", 1, "q-old") == (stamped, 1000, "j", 1, "q-old")
     assert find_batch_commit(table, "j", 1) is not None  # the query unknown: as before

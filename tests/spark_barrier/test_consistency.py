@@ -16,13 +16,14 @@ from pyspark.sql import types as T
 import spark_barrier
 from metaservice.client import NotFoundError
 from spark_barrier import BatchContext
-from spark_barrier.iceberg_io import commit_batch, list_stamped_snapshots
+from spark_barrier.iceberg.commit import commit_batch
+from spark_barrier.iceberg.stamps import list_stamped_snapshots
 from tests.spark_barrier.gate import ReportGate
 from tests.spark_barrier.pipeline import (
     NUMBERS_SCHEMA,
     DrivenSource,
     Service,
-    with_input,
+    labelled,
 )
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -76,7 +77,8 @@ def test_two_input_job_whose_reports_are_held_back_reads_both_inputs_to_the_same
     slow = source_job(spark, service, "src_slow", "ods.slow")
     batches: list[tuple[int, int | None, dict[str, tuple[int, int, int]]]] = []
 
-    def record(frame: DataFrame, ctx: BatchContext) -> DataFrame:
+    def record(batch: DataFrame, ctx: BatchContext) -> DataFrame:
+        frame = labelled(batch)
         stats = frame.groupBy("input").agg(F.count("*"), F.min("barrier"), F.max("barrier"))
         found = {r[0]: (r[1], r[2], r[3]) for r in stats.collect()}
         batches.append((ctx.barrier, ctx.start_barrier, found))
@@ -93,9 +95,8 @@ def test_two_input_job_whose_reports_are_held_back_reads_both_inputs_to_the_same
             inputs=["ods.fast", "ods.slow"],
             outputs={"dwd.held": LABELLED},
         )
-        stream = with_input(join.source("ods.fast"), "fast").unionByName(
-            with_input(join.source("ods.slow"), "slow")
-        )
+        # The sink reads both inputs; a row's input is in its _table column.
+        stream = join.source("ods.fast").unionByName(join.source("ods.slow"))
         query = join.start(stream, join.sink(transform=record), trigger_seconds=0.3)
         try:
             for step in range(10):
@@ -181,6 +182,7 @@ def test_a_job_whose_input_is_upserted_fails_with_how_to_read_it(
         reader.close()
 
     assert "table ods.up is not append-only" in message
+    assert "job.source('ods.up', changelog=True)" in message
     assert "lookups=['ods.up']" in message and "ctx.read('ods.up')" in message
     copied = service.catalog.load_table("dwd.up_copy").scan().to_arrow()
     assert sorted(copied.column("id").to_pylist()) == [1, 2]  # nothing of the upsert

@@ -13,7 +13,7 @@ import pytest
 
 import spark_barrier
 from spark_barrier.faults import ENV, EXIT_CODE
-from spark_barrier.iceberg_io import list_stamped_snapshots
+from spark_barrier.iceberg.stamps import list_stamped_snapshots
 from tests.spark_barrier.derived_driver import SOURCE, TARGET
 from tests.spark_barrier.pipeline import NUMBERS_SCHEMA, DrivenSource, Service
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pytest
@@ -10,15 +11,15 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 import spark_barrier
-from examples import streaming_warehouse as demo
+from examples import warehouse_pipeline as wp
 from metaservice.client import ConflictError
 from spark_barrier import BarrierConfigError, BatchContext
-from spark_barrier.snapshots import snapshot_at
+from spark_barrier.iceberg.stamps import snapshot_at
 from tests.spark_barrier.pipeline import (
     NUMBERS_SCHEMA,
     DrivenSource,
     Service,
-    with_input,
+    labelled,
 )
 
 pytestmark = pytest.mark.spark
@@ -44,38 +45,19 @@ def _stop(queries, jobs) -> None:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.slow
-def test_demo_topology_revenue_equals_sum_of_amounts_at_every_consistent_version(spark, service):
-    items = _register(spark, service, job="ingest_items", outputs={"ods.items": demo.ITEMS_SCHEMA})
-    orders = _register(
-        spark, service, job="ingest_orders", outputs={"ods.orders": demo.ORDERS_SCHEMA}
-    )
-    detail = _register(
+def test_demo_cdc_pipeline_is_right_at_every_consistent_version(spark, service, caplog):
+    """The demo's pipeline (CDC with updates and deletes, partitioned ODS tables,
+    changelog reads): its check holds at every consistent version of the four tables."""
+    caplog.set_level(logging.INFO, logger="spark_barrier.steps")
+    register = wp.registrar(
         spark,
-        service,
-        job="build_order_detail",
-        inputs=["ods.orders"],
-        lookups=["ods.items"],
-        outputs={demo.DETAIL: demo.DETAIL_SCHEMA},
+        service.url,
+        catalog_properties=service.catalog_properties,
+        state_dir=service.state_dir,
     )
-    revenue = _register(
-        spark,
-        service,
-        job="aggregate_revenue",
-        inputs=[demo.DETAIL],
-        outputs={demo.REVENUE: demo.REVENUE_SCHEMA},
-    )
-    queries = [
-        items.start(
-            demo.generated_prices(spark), items.sink(mode="upsert", key_columns=["item_id"])
-        ),
-        orders.start(demo.generated_orders(spark, 20), orders.sink()),
-        detail.start(detail.source("ods.orders"), detail.sink(transform=demo.enrich)),
-        revenue.start(
-            revenue.source(demo.DETAIL),
-            revenue.sink(mode="upsert", key_columns=["item_id"], transform=demo.accumulate),
-        ),
-    ]
-    checked: dict[int, int] = {}  # barrier -> items compared
+    pipeline = wp.build(spark, register, orders_per_second=20, source_trigger_s=0.5)
+    queries = [pipeline.start(name) for name in pipeline.launchers]
+    checked: dict[int, wp.Check] = {}  # barrier -> what the check found there
     try:
         deadline = time.monotonic() + 150
         while len(checked) < 3 and time.monotonic() < deadline:
@@ -84,26 +66,39 @@ def test_demo_topology_revenue_equals_sum_of_amounts_at_every_consistent_version
                 assert q.exception() is None, q.exception()
             try:
                 read = spark_barrier.read_consistent(
-                    spark, service.client, service.catalog, [demo.DETAIL, demo.REVENUE]
+                    spark, service.client, service.catalog, wp.ALL_TABLES
                 )
             except ConflictError:
                 continue
-            compared, wrong = demo.revenue_mismatches(read[demo.DETAIL], read[demo.REVENUE])
-            assert wrong == 0, f"revenue != sum(amount) at barrier {read.version.barrier}"
-            if compared:
-                checked[read.version.barrier] = compared
+            found = wp.check({name: read[name] for name in wp.ALL_TABLES})
+            assert found.ok, f"at barrier {read.version.barrier}: {found.describe()}"
+            if found.items:
+                checked[read.version.barrier] = found
         assert len(checked) >= 3, f"only {len(checked)} non-empty consistent versions in 150 s"
-        version = service.client.consistent_version([demo.DETAIL, demo.REVENUE])
+        version = service.client.consistent_version([wp.DETAIL, wp.REVENUE])
     finally:
-        _stop(queries, [items, orders, detail, revenue])
+        _stop(queries, pipeline.jobs.values())
 
-    snapshot = version.snapshots[demo.REVENUE]
+    # Every batch logs where its time went, derived batches from planning to report.
+    timed = {r.job: r.steps for r in caplog.records if hasattr(r, "steps")}
+    assert set(timed) == set(pipeline.jobs), sorted(timed)
+    assert {"plan", "barrier", "inputs", "transform", "write", "commit", "report"} <= set(
+        timed["aggregate_revenue"]
+    ), timed["aggregate_revenue"]
+
+    # Deletes and updates happened: cancelled orders are gone from the ODS table.
+    orders = service.catalog.load_table(wp.ORDERS)
+    statuses = {r["status"] for r in orders.scan().to_arrow().to_pylist()}
+    assert "shipped" in statuses and "cancelled" not in statuses, statuses
+    assert not orders.spec().is_unpartitioned()
+
+    snapshot = version.snapshots[wp.REVENUE]
     assert snapshot is not None
-    lineage = service.client.snapshot_lineage(demo.REVENUE, snapshot)
+    lineage = service.client.snapshot_lineage(wp.REVENUE, snapshot)
     assert lineage.job == "aggregate_revenue"
     (consumed,) = lineage.inputs
-    assert consumed.table == demo.DETAIL
-    detail_table = service.catalog.load_table(demo.DETAIL)
+    assert consumed.table == wp.DETAIL
+    detail_table = service.catalog.load_table(wp.DETAIL)
     assert consumed.to_snapshot == snapshot_at(detail_table, lineage.barrier)
     assert consumed.from_snapshot == snapshot_at(detail_table, consumed.from_barrier)
     assert consumed.to_snapshot is not None
@@ -128,16 +123,16 @@ def test_join_job_reads_both_inputs_up_to_the_same_barrier(spark, service):
     )
     batches: list[tuple[int, int | None, dict[str, tuple[int, int, int]]]] = []
 
-    def record(frame: DataFrame, ctx: BatchContext) -> DataFrame:
+    def record(batch: DataFrame, ctx: BatchContext) -> DataFrame:
+        frame = labelled(batch)
         stats = (
             frame.groupBy("input").agg(F.count("*"), F.min("barrier"), F.max("barrier")).collect()
         )
         batches.append((ctx.barrier, ctx.start_barrier, {r[0]: (r[1], r[2], r[3]) for r in stats}))
         return frame
 
-    stream = with_input(joined.source("ods.fast"), "fast").unionByName(
-        with_input(joined.source("ods.slow"), "slow")
-    )
+    # The sink reads both inputs; a row's input is in its _table column.
+    stream = joined.source("ods.fast").unionByName(joined.source("ods.slow"))
     query = joined.start(stream, joined.sink(transform=record), trigger_seconds=0.5)
     try:
         for step in range(16):
@@ -178,6 +173,31 @@ def test_register_refuses_an_input_table_missing_from_the_catalog(spark, service
         )
     with pytest.raises(Exception, match="not registered"):
         service.client.get_job("reader")
+
+
+def test_register_refuses_a_bad_partition_spec_and_creates_nothing(spark, service):
+    outputs = {"ods.good": NUMBERS_SCHEMA, "ods.bad": NUMBERS_SCHEMA}
+    with pytest.raises(BarrierConfigError, match=r"ods.bad.*nowhere"):
+        _register(
+            spark,
+            service,
+            job="parted",
+            outputs=outputs,
+            partition_by={"ods.good": ["bucket(4, id)"], "ods.bad": ["day(nowhere)"]},
+        )
+    with pytest.raises(BarrierConfigError, match=r"not among its outputs"):
+        _register(spark, service, job="parted", outputs=outputs, partition_by={"ods.x": ["id"]})
+    assert not service.catalog.table_exists("ods.good")
+    assert not service.catalog.table_exists("ods.bad")
+    with pytest.raises(Exception, match="not registered"):
+        service.client.get_job("parted")
+    job = _register(
+        spark, service, job="parted", outputs=outputs, partition_by={"ods.good": ["bucket(4, id)"]}
+    )
+    job.close()
+    spec = service.catalog.load_table("ods.good").spec()
+    assert [str(f.transform) for f in spec.fields] == ["bucket[4]"]
+    assert service.catalog.load_table("ods.bad").spec().is_unpartitioned()
 
 
 def test_register_refuses_a_table_another_job_writes(spark, service):

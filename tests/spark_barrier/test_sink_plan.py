@@ -14,7 +14,7 @@ from metaservice.barriers.schemas import BatchBarrier
 from metaservice.client import ConflictError
 from spark_barrier import BarrierBatchError, BarrierJob
 from spark_barrier import job as job_module
-from spark_barrier.iceberg_io import ensure_table
+from spark_barrier.iceberg.catalog import ensure_table
 from spark_barrier.jvm import PlannedScan
 from spark_barrier.source import SOURCE_NAME
 

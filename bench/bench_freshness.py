@@ -1,0 +1,286 @@
+"""Freshness of the demo's consistent version, and where the time of a batch goes.
+
+The demo's pipeline (`examples.warehouse_pipeline`: two CDC source jobs, two derived
+jobs reading changelogs) runs in this process against an embedded MetaService with
+1 s barriers. Every half second the benchmark samples
+
+    now_ms - consistent_version(all four tables).barrier
+
+through the MetaService client; the first ``--warmup`` seconds are left out of the
+percentiles, and a sample with no consistent version after warm-up is counted.
+
+Afterwards it breaks the derived batches down from the MetaService's own records
+(`batches.created_ms` is the sink's barrier request, `committed_ms` its report):
+
+- ``inputs_final``: from the barrier to the moment every input was final there (the
+  slot closed for a source, the upstream batch reported for a derived input);
+- ``start``: from then to the sink's barrier request (the trigger noticing the new
+  batch: next-barrier long poll, Spark's planning, the Python source's offsets);
+- ``run``: from the barrier request to the commit report (read, transform, write,
+  commit, report), split further by the sink's own step timings (``spark_barrier.steps``:
+  every job's batches, sources included, collected from their log records).
+
+    python -m bench.bench_freshness [--seconds 90] [--warmup 30] [--cluster]
+                                    [--out bench/results/freshness.json]
+
+``--cluster`` runs the Spark side on a standalone cluster (a master and two workers
+started on loopback from the installed pyspark, as the tests do) instead of local[2].
+Run it alone: no test suite or other Spark job beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from sqlalchemy import create_engine, text
+
+import spark_barrier
+from bench.common import host_facts, loadavg, package_version, percentile
+from examples import warehouse_pipeline as wp
+from examples.embedded import EmbeddedMetaService
+from metaservice.client import ConflictError, MetaServiceClient
+from metaservice.settings import Settings
+
+INTERVAL_MS = 1000
+SAMPLE_EVERY_S = 0.5
+
+
+def spread(values: Sequence[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    return {
+        "n": len(values),
+        "p50": percentile(values, 50),
+        "p90": percentile(values, 90),
+        "p99": percentile(values, 99),
+        "max": max(values),
+    }
+
+
+@contextlib.contextmanager
+def spark_master(cluster: bool) -> Iterator[tuple[str, dict[str, str]]]:
+    """The master URL to use, and the environment a driver needs for it."""
+    if not cluster:
+        yield "local[2]", {}
+        return
+    from tests.cluster import StandaloneCluster
+
+    with StandaloneCluster(workers=2) as started:
+        yield started.master_url, started.driver_env()
+
+
+def sample_freshness(
+    client: MetaServiceClient, pipeline: wp.Pipeline, queries: dict[str, Any], total_s: float
+) -> tuple[list[dict[str, Any]], int]:
+    samples: list[dict[str, Any]] = []
+    restarts = 0
+    t0 = time.monotonic()
+    i = 0
+    while (elapsed := time.monotonic() - t0) < total_s:
+        time.sleep(max(0.0, t0 + i * SAMPLE_EVERY_S - time.monotonic()))
+        i += 1
+        for name, query in list(queries.items()):
+            if not query.isActive:
+                error = query.exception()
+                print(
+                    f"    query {name} stopped ({str(error).splitlines()[0][:160] if error else 'stopped'}); restarting"
+                )
+                queries[name] = pipeline.start(name)
+                restarts += 1
+        sample: dict[str, Any] = {"t_s": round(elapsed, 2), "load_1m": round(os.getloadavg()[0], 2)}
+        try:
+            version = client.consistent_version(wp.ALL_TABLES)
+            sample["freshness_ms"] = round(time.time() * 1000 - version.barrier)
+        except ConflictError:
+            sample["freshness_ms"] = None
+        samples.append(sample)
+        if i % 20 == 0:
+            f = sample["freshness_ms"]
+            print(
+                f"    [{elapsed:5.0f}s] freshness {'none' if f is None else f'{f / 1000:.1f}s'}",
+                flush=True,
+            )
+    return samples, restarts
+
+
+def batch_breakdown(db_url: str, since_ms: int) -> dict[str, Any]:
+    """Per derived job, the three parts of its batches (see the module docstring)."""
+    engine = create_engine(db_url)
+    with engine.connect() as conn:
+        jobs = {r.id: r for r in conn.execute(text("SELECT id, name, kind FROM jobs"))}
+        batches = conn.execute(
+            text(
+                "SELECT job_id, barrier, created_ms, committed_ms FROM batches "
+                "WHERE committed AND NOT advanced AND NOT abandoned AND created_ms >= :since"
+            ),
+            {"since": since_ms},
+        ).all()
+        inputs = conn.execute(
+            text(
+                "SELECT ji.job_id, t.writer_id FROM job_inputs ji JOIN tables t ON t.id = ji.table_id"
+            )
+        ).all()
+    engine.dispose()
+    upstream: dict[int, set[int]] = defaultdict(set)
+    for job_id, writer_id in inputs:
+        if writer_id is not None:
+            upstream[job_id].add(writer_id)
+    done_at: dict[int, list[tuple[int, int]]] = defaultdict(list)  # job -> (barrier, reported)
+    for b in batches:
+        done_at[b.job_id].append((b.barrier, b.committed_ms))
+
+    def final_at(job_id: int, barrier: int) -> int | None:
+        """When job ``job_id``'s output was final at ``barrier``."""
+        reported = [ms for bb, ms in done_at[job_id] if bb >= barrier]
+        if not reported:
+            return None
+        first = min(reported)
+        if jobs[job_id].kind == "source":
+            return max(first, barrier + INTERVAL_MS)  # a source's slot must close too
+        return first
+
+    result: dict[str, Any] = {}
+    for job_id, job in jobs.items():
+        if job.kind == "source" or not upstream[job_id]:
+            continue
+        parts: dict[str, list[float]] = defaultdict(list)
+        for b in (b for b in batches if b.job_id == job_id):
+            finals = [final_at(u, b.barrier) for u in upstream[job_id]]
+            if any(f is None for f in finals):
+                continue
+            ready = max(f for f in finals if f is not None)
+            parts["inputs_final_ms"].append(ready - b.barrier)
+            parts["start_ms"].append(max(0, b.created_ms - ready))
+            parts["run_ms"].append(b.committed_ms - b.created_ms)
+            parts["barrier_to_report_ms"].append(b.committed_ms - b.barrier)
+        result[job.name] = {k: spread(v) for k, v in parts.items()}
+    return result
+
+
+class StepCollector(logging.Handler):
+    """Collects the per-batch step timings the sinks log (``spark_barrier.steps``)."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.INFO)
+        self.batches: list[tuple[float, str, dict[str, float]]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        steps = getattr(record, "steps", None)
+        if steps is not None:
+            self.batches.append((record.created, str(getattr(record, "job", "?")), steps))
+
+    def summary(self, since: float) -> dict[str, Any]:
+        per_job: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+        for created, job, steps in self.batches:
+            if created >= since:
+                for name, ms in steps.items():
+                    per_job[job][name].append(round(ms, 1))
+        return {
+            job: {name: spread(values) for name, values in sorted(steps.items())}
+            for job, steps in sorted(per_job.items())
+        }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(prefix="bench-freshness-"))
+    db_url = f"sqlite:///{root / 'metaservice.db'}"
+    tables = str(root / "tables")
+    settings = Settings(db_url=db_url, warehouse=tables, barrier_interval_ms=INTERVAL_MS, port=0)
+    catalog = {"type": "sql", "uri": db_url, "warehouse": tables}
+    out: dict[str, Any] = {
+        "benchmark": "bench/bench_freshness.py",
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {**host_facts(), "pyspark": package_version("pyspark")},
+        "loadavg_start": loadavg(),
+    }
+    collector = StepCollector()
+    steps_log = logging.getLogger("spark_barrier.steps")
+    steps_log.setLevel(logging.INFO)
+    steps_log.addHandler(collector)
+    steps_log.propagate = False  # collected here, not printed
+    with spark_master(args.cluster) as (master, env), EmbeddedMetaService(settings) as url:
+        os.environ.update(env)
+        spark = spark_barrier.local_spark_builder("bench-freshness", master=master).getOrCreate()
+        spark.sparkContext.setLogLevel("ERROR")
+        out["spark_master"] = spark.sparkContext.master
+        register = wp.registrar(spark, url, catalog_properties=catalog, state_dir=root / "state")
+        pipeline = wp.build(spark, register, orders_per_second=args.orders_per_second)
+        started_ms = int(time.time() * 1000)
+        queries = {name: pipeline.start(name) for name in pipeline.launchers}
+        client = MetaServiceClient(url)
+        print(
+            f"  {len(queries)} queries on {out['spark_master']}; {args.warmup} s warm-up + {args.seconds} s measured",
+            flush=True,
+        )
+        try:
+            samples, restarts = sample_freshness(
+                client, pipeline, queries, args.warmup + args.seconds
+            )
+        finally:
+            for q in queries.values():
+                spark_barrier.stop_between_batches(q)
+            pipeline.close()
+            client.close()
+        spark.stop()
+        measured = [s for s in samples if s["t_s"] >= args.warmup]
+        values = [s["freshness_ms"] for s in measured if s["freshness_ms"] is not None]
+        out["freshness"] = {
+            "barrier_interval_ms": INTERVAL_MS,
+            "orders_per_second": args.orders_per_second,
+            "warmup_seconds_excluded": args.warmup,
+            "measured_seconds": args.seconds,
+            "samples": len(measured),
+            "samples_without_consistent_version": len(measured) - len(values),
+            "query_restarts": restarts,
+            "ms": spread(values),
+            "loadavg_1m_during": spread([s["load_1m"] for s in measured]),
+        }
+        out["batches"] = batch_breakdown(db_url, started_ms + args.warmup * 1000)
+        out["batch_steps_ms"] = collector.summary(started_ms / 1000 + args.warmup)
+        out["timeline"] = samples
+    out["loadavg_end"] = loadavg()
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seconds", type=int, default=90, help="measured seconds")
+    parser.add_argument("--warmup", type=int, default=30, help="seconds left out first")
+    parser.add_argument("--orders-per-second", type=int, default=50)
+    parser.add_argument("--cluster", action="store_true", help="run on a standalone cluster")
+    parser.add_argument("--out", default="bench/results/freshness.json")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("py4j").setLevel(logging.CRITICAL)
+    out = run(args)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    fr = out["freshness"]
+    print(f"\n== now - consistent version of {', '.join(wp.ALL_TABLES)} ==")
+    print(json.dumps(fr, indent=1))
+    print("\n== derived batches (ms) ==")
+    print(json.dumps(out["batches"], indent=1))
+    print("\n== steps of every job's batches, p50 ms ==")
+    for job, steps in out["batch_steps_ms"].items():
+        shown = ", ".join(f"{n} {s['p50']:.0f}" for n, s in steps.items() if s)
+        print(f"  {job}: {shown}")
+    print(f"\nwritten to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

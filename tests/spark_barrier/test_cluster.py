@@ -1,0 +1,66 @@
+"""The standalone test cluster runs a job's tasks on its workers' executors, in processes
+other than the driver, and both sides reach a shared folder (tests/cluster.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster import REPO_ROOT, StandaloneCluster
+from tests.spark_barrier.cluster_smoke_driver import PARTITIONS, ROWS
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+
+def run_smoke_driver(cluster: StandaloneCluster, out: Path) -> dict[str, Any]:
+    args = ["--master", cluster.master_url, "--out", str(out)]
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.spark_barrier.cluster_smoke_driver", *args],
+        cwd=REPO_ROOT,
+        env=cluster.driver_env(),
+        timeout=300,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, (
+        f"smoke driver exited with {done.returncode}:\n{done.stderr[-6000:]}\n{cluster.logs()}"
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def worker_of(task: dict[str, Any], cluster: StandaloneCluster) -> int:
+    """The index of the cluster worker whose executor ran `task`, from the task's working
+    folder (an executor runs in <work-dir>/<app-id>/<executor-id>)."""
+    cwd = Path(task["cwd"])
+    owners = [i for i, work in enumerate(cluster.work_dirs) if cwd.is_relative_to(work)]
+    assert owners, f"task ran in {cwd}, under no worker's work folder {cluster.work_dirs}"
+    return owners[0]
+
+
+def test_job_runs_on_the_cluster_workers_executors_not_in_the_driver(
+    spark_cluster: StandaloneCluster, tmp_path: Path
+) -> None:
+    result = run_smoke_driver(spark_cluster, tmp_path)
+
+    tasks = result["tasks"]
+    assert sorted(t["partition"] for t in tasks) == list(range(PARTITIONS))
+    assert sum(t["rows"] for t in tasks) == ROWS
+    for task in tasks:
+        assert task["pid"] != result["driver_pid"]
+        assert result["driver_pid"] not in task["ppid_chain"], "task ran under the driver"
+        # Python worker <- executor JVM <- worker JVM: the worker is among its ancestors.
+        worker_pid = spark_cluster.worker_pids[worker_of(task, spark_cluster)]
+        assert worker_pid in task["ppid_chain"], f"task {task} not under worker {worker_pid}"
+    # The session starts once every executor registered, so the tasks spread over both.
+    assert {worker_of(t, spark_cluster) for t in tasks} == set(range(spark_cluster.workers))
+
+    assert result["rows_read"] == ROWS
+    assert list((tmp_path / "numbers.parquet").glob("part-*.parquet")), "no Parquet parts"
+    status = spark_cluster.status()
+    apps = [app["id"] for app in status["activeapps"] + status["completedapps"]]
+    assert result["app_id"] in apps, f"the master never ran app {result['app_id']}: {apps}"
