@@ -24,6 +24,7 @@ from metaservice.delay.endpoints import router as delay_router
 from metaservice.deps import Services
 from metaservice.errors import ServiceError
 from metaservice.lifecycle.endpoints import router as lifecycle_router
+from metaservice.lifecycle.schedule import start_schedule
 from metaservice.lineage.endpoints import router as lineage_router
 from metaservice.metrics import REQUESTS
 from metaservice.ops.endpoints import router as ops_router
@@ -55,9 +56,12 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
         log.info(
             "MetaService ready on database %s", db.engine.url.render_as_string(hide_password=True)
         )
+        schedule = start_schedule(db, app.state.services.ctx)
         try:
             yield
         finally:
+            if schedule is not None:
+                schedule.stop()
             db.dispose()
 
     app = FastAPI(

@@ -1,23 +1,58 @@
-"""``metaservice``: run the service, migrate its database, and query a running one."""
+"""``metaservice``: run the service, migrate its database, and query a running one.
+
+The query commands (``tables``, ``topology``, ``lineage``, ``consistent``, ``delay``,
+``expirable``, ``batch``) talk to a running MetaService through the client and need
+the base install only. The commands that run the server's code (``start``, ``db``,
+``token``, ``reconcile``) import it inside the command, and say which extra to
+install when it is missing (:func:`_needs_server`).
+"""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table as RichTable
 from rich.tree import Tree
 
+from metaservice import __version__
 from metaservice.auth.schemas import Role
 from metaservice.client import MetaServiceClient, MetaServiceError
-from metaservice.context import Context
-from metaservice.db import Database
+from metaservice.lifecycle.cli import ExpireEveryOption
+from metaservice.lifecycle.cli import expire as expire_command
 from metaservice.reconcile.schemas import ReconcileReport
-from metaservice.settings import Settings
+
+if TYPE_CHECKING:
+    from metaservice.context import Context
+    from metaservice.db import Database
+    from metaservice.settings import Settings
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# Top-level modules that only the `server` extra installs, and those of the `iceberg`
+# extra (pyiceberg reads the tables' stamps for `reconcile`).
+SERVER_MODULES = frozenset(
+    {
+        "alembic",
+        "fastapi",
+        "networkx",
+        "prometheus_client",
+        "psycopg",
+        "pydantic_settings",
+        "sqlalchemy",
+        "starlette",
+        "uvicorn",
+    }
+)
+ICEBERG_MODULES = frozenset({"pyarrow", "pyiceberg"})
 
 app = typer.Typer(
     help="MetaService: timestamp barriers, lineage, delay and consistent versions "
@@ -50,12 +85,82 @@ TokenOption = Annotated[
 
 
 def _settings(**overrides: object) -> Settings:
+    from metaservice.settings import Settings
+
     return Settings(**{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
 
 
 def _fail(message: str) -> typer.Exit:
     err.print(f"[bold red]error:[/] {message}")
     return typer.Exit(code=1)
+
+
+def _needs_server(
+    command: str, *, iceberg: bool = False
+) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Turn a missing server or pyiceberg dependency met anywhere in the command into
+    an error that names the extras to install (``iceberg``: the command always reads
+    the tables, so name that extra from the start)."""
+
+    def wrap(run: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(run)
+        def checked(*args: P.args, **kwargs: P.kwargs) -> R:
+            try:
+                return run(*args, **kwargs)
+            except ModuleNotFoundError as exc:
+                if not _from_an_extra(exc):
+                    raise
+                tables = iceberg or _top_level(exc) in ICEBERG_MODULES
+                extras = "server,iceberg" if tables else "server"
+                raise _fail(
+                    escape(
+                        f"`metaservice {command}` runs the MetaService's own code, which needs "
+                        f"the module {exc.name!r}; it is not installed. Install the server's "
+                        f"dependencies: pip install 'metaservice[{extras}]'"
+                    )
+                ) from exc
+
+        return checked
+
+    return wrap
+
+
+def _top_level(exc: ModuleNotFoundError) -> str:
+    return (exc.name or "").partition(".")[0]
+
+
+def _from_an_extra(exc: BaseException) -> bool:
+    """Whether ``exc`` is a module of the server or iceberg extra missing."""
+    return isinstance(exc, ModuleNotFoundError) and (
+        _top_level(exc) in SERVER_MODULES | ICEBERG_MODULES
+    )
+
+
+def _show_version(show: bool) -> None:
+    if show:
+        typer.echo(f"metaservice {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_show_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    # Only for --version: the app's help is the Typer's own.
+    pass
+
+
+def _key_values(option: str, pairs: list[str]) -> dict[str, str]:
+    """``KEY=VALUE`` options as a dict; a pair without ``=`` is an error."""
+    bad = [pair for pair in pairs if "=" not in pair]
+    if bad:
+        raise _fail(escape(f"{option} takes KEY=VALUE, not {bad[0]!r}"))
+    return dict(pair.split("=", 1) for pair in pairs)
 
 
 def _client(url: str, token: str | None) -> MetaServiceClient:
@@ -78,6 +183,7 @@ def _duration(ms: int | None) -> str:
 
 
 @app.command()
+@_needs_server("start")
 def start(
     port: Annotated[int | None, typer.Option(help="Port to listen on (default 8765)")] = None,
     host: Annotated[str | None, typer.Option(help="Address to bind (default 127.0.0.1)")] = None,
@@ -110,6 +216,7 @@ def start(
             "(see `metaservice reconcile`)",
         ),
     ] = False,
+    expire_every: ExpireEveryOption = None,
 ) -> None:
     """Start the MetaService, applying database migrations first if it is behind."""
     import uvicorn
@@ -122,7 +229,10 @@ def start(
         db_url=db,
         barrier_interval_ms=barrier_interval_ms,
         auth_required=auth_required or None,
+        expire_every_seconds=expire_every,
     )
+    if settings.expire_every_seconds:
+        import metaservice.lifecycle.iceberg  # noqa: F401 (the schedule needs pyiceberg)
     if (ssl_keyfile is None) != (ssl_certfile is None):
         raise _fail("--ssl-keyfile and --ssl-certfile go together")
     logging.basicConfig(
@@ -144,6 +254,7 @@ def start(
     for key, value in (
         ("DB_URL", settings.db_url),
         ("BARRIER_INTERVAL_MS", settings.barrier_interval_ms),
+        ("EXPIRE_EVERY_SECONDS", settings.expire_every_seconds),
     ):
         os.environ[f"METASERVICE_{key}"] = str(value)
     if settings.auth_required:
@@ -166,6 +277,7 @@ def start(
 
 
 @db_app.command("upgrade")
+@_needs_server("db upgrade")
 def db_upgrade(db: DbOption = None, revision: str = "head") -> None:
     """Apply Alembic migrations to the database."""
     from metaservice.migrate import upgrade
@@ -179,6 +291,7 @@ def db_upgrade(db: DbOption = None, revision: str = "head") -> None:
 
 
 @db_app.command("current")
+@_needs_server("db current")
 def db_current(db: DbOption = None) -> None:
     """Show the database's migration and the newest one this version knows."""
     from metaservice.db import make_engine
@@ -201,6 +314,8 @@ app.add_typer(token_app, name="token")
 
 def _token_db(db: str | None) -> tuple[Context, Database]:
     """The settings' database, migrated (a fresh one is often first touched by `token create`)."""
+    from metaservice.context import Context
+    from metaservice.db import Database
     from metaservice.migrate import upgrade
 
     settings = _settings(db_url=db)
@@ -213,6 +328,7 @@ def _token_db(db: str | None) -> tuple[Context, Database]:
 
 def _token_count(url: str) -> int:
     from metaservice.auth import repository
+    from metaservice.db import Database
 
     database = Database(url)
     try:
@@ -222,6 +338,7 @@ def _token_count(url: str) -> int:
 
 
 @token_app.command("create")
+@_needs_server("token create")
 def token_create(
     role: Annotated[Role, typer.Option(help="What the token may do", case_sensitive=False)],
     description: Annotated[str, typer.Option(help="Whom or what the token is for")] = "",
@@ -247,10 +364,9 @@ def token_create(
 
 
 @token_app.command("list")
+@_needs_server("token list")
 def token_list(db: DbOption = None) -> None:
     """Show every token's id, role, description and creation time (never the token)."""
-    from rich.markup import escape
-
     from metaservice.auth import service as auth_service
 
     _, database = _token_db(db)
@@ -267,6 +383,7 @@ def token_list(db: DbOption = None) -> None:
 
 
 @token_app.command("revoke")
+@_needs_server("token revoke")
 def token_revoke(
     token_id: Annotated[int, typer.Argument(help="The token's id (see `metaservice token list`)")],
     db: DbOption = None,
@@ -291,24 +408,42 @@ def _reconcile(settings: Settings, catalog_uri: str | None, check: bool) -> Reco
     try:
         report = reconcile_database(settings, catalog_uri=catalog_uri, check=check)
     except Exception as exc:
+        if _from_an_extra(exc):
+            raise  # _needs_server names the extra
         raise _fail(f"reconciliation failed: {exc}") from exc
     print_report(console, report)
     return report
 
 
 @app.command("reconcile")
+@_needs_server("reconcile", iceberg=True)
 def reconcile_tables(
     db: DbOption = None,
+    catalog_property: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--catalog-property",
+            help="A pyiceberg property of the tables' catalog, KEY=VALUE (repeatable), e.g. "
+            "type=rest, uri=https://..., s3.endpoint=http://...: the catalog is exactly "
+            "these properties. Default: METASERVICE_CATALOG_PROPERTIES (JSON), else a SQL "
+            "catalog (--catalog-uri, --warehouse)",
+            show_default=False,
+        ),
+    ] = None,
     catalog_uri: Annotated[
         str | None,
         typer.Option(
-            help="pyiceberg SqlCatalog URL. Default: METASERVICE_CATALOG_URI, else the "
+            help="URL of a SQL catalog. Default: METASERVICE_CATALOG_URI, else the "
             "database URL (the catalog shares the MetaService database)",
             show_default=False,
         ),
     ] = None,
     warehouse: Annotated[
-        str | None, typer.Option(help="Warehouse folder. Default: METASERVICE_WAREHOUSE")
+        str | None,
+        typer.Option(
+            help="The SQL catalog's warehouse (a folder or s3://...). "
+            "Default: METASERVICE_WAREHOUSE"
+        ),
     ] = None,
     check: Annotated[bool, typer.Option("--check", help="Only report; change nothing")] = False,
 ) -> None:
@@ -316,7 +451,9 @@ def reconcile_tables(
 
     Exits with 1 when a stamp conflicts with the database or a table cannot be read.
     """
-    report = _reconcile(_settings(db_url=db, warehouse=warehouse), catalog_uri, check)
+    properties = _key_values("--catalog-property", catalog_property or [])
+    settings = _settings(db_url=db, warehouse=warehouse, catalog_properties=properties or None)
+    report = _reconcile(settings, catalog_uri, check)
     if not report.ok:
         raise typer.Exit(code=1)
 
@@ -510,6 +647,8 @@ def batch_abandon(
         f"batch {view.batch_id} of job {view.job} (barrier {_time(view.barrier)}) abandoned"
     )
 
+
+app.command("expire")(expire_command)
 
 if __name__ == "__main__":
     app()

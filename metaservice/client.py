@@ -34,7 +34,7 @@ from metaservice.barriers.schemas import (
     OfflineGrant,
 )
 from metaservice.delay.schemas import Delay
-from metaservice.lifecycle.schemas import ExpiryPlan
+from metaservice.lifecycle.schemas import ExpiryPlan, ExpiryResult, Retention
 from metaservice.lineage.schemas import LineageGraph, SnapshotLineage
 from metaservice.schemas_common import Page
 from metaservice.topology.schemas import JobEvent, JobView, SnapshotView, TableView
@@ -267,11 +267,26 @@ class MetaServiceClient:
         self._request("DELETE", f"/jobs/{job}/offline-grant")
 
     def next_barrier(
-        self, job: str, *, after: int | None = None, source: str | None = None
+        self,
+        job: str,
+        *,
+        after: int | None = None,
+        source: str | None = None,
+        wait_ms: int = 0,
     ) -> NextBarrier:
         """The end of the job's batch that starts after ``after`` (default: its frontier);
-        ``source``: the input table whose barrier source asks."""
-        return self._get(NextBarrier, f"/jobs/{job}/next-barrier", after=after, source=source)
+        ``source``: the input table whose barrier source asks; ``wait_ms``: wait up to
+        that long for a batch to become ready before answering "not ready"."""
+        params = {"after": after, "source": source, "wait_ms": wait_ms or None}
+        clean = {k: v for k, v in params.items() if v is not None}
+        # A long poll answers up to wait_ms later than a plain request may.
+        timeout = self._http.timeout.read
+        if wait_ms and timeout is not None:
+            timeout += wait_ms / 1000
+        data = self._request(
+            "GET", f"/jobs/{job}/next-barrier", params=clean, timeout=timeout or None
+        )
+        return NextBarrier.model_validate(data)
 
     def report_commit(
         self, job: str, batch_id: int, barrier: int, table: str, snapshot_id: int | None
@@ -330,6 +345,34 @@ class MetaServiceClient:
 
     def expirable(self, table: str) -> ExpiryPlan:
         return self._get(ExpiryPlan, f"/tables/{table}/expirable")
+
+    def expire(
+        self, table: str, *, dry_run: bool = False, timeout: float | None = 600.0
+    ) -> ExpiryResult:
+        """Expire the table's unused snapshots and delete the files only they used (admin);
+        ``dry_run``: only list them. ``timeout``: an expiry reads every manifest of the
+        table, so it may take longer than an ordinary request."""
+        data = self._request(
+            "POST", f"/tables/{table}/expire", json={"dry_run": dry_run}, timeout=timeout
+        )
+        return ExpiryResult.model_validate(data)
+
+    def retention(self, table: str) -> Retention:
+        """The table's retention policy as it applies (its own, else the defaults)."""
+        return self._get(Retention, f"/tables/{table}/retention")
+
+    def set_retention(
+        self, table: str, *, keep_last: int | None = None, keep_for_seconds: int | None = None
+    ) -> Retention:
+        """Set the table's whole retention policy (admin); a value left out follows the
+        service's default. Give at least one."""
+        body = {"keep_last": keep_last, "keep_for_seconds": keep_for_seconds}
+        data = self._request("PUT", f"/tables/{table}/retention", json=body)
+        return Retention.model_validate(data)
+
+    def reset_retention(self, table: str) -> Retention:
+        """Drop the table's own retention policy (admin): the defaults apply again."""
+        return Retention.model_validate(self._request("DELETE", f"/tables/{table}/retention"))
 
     # -- operations --------------------------------------------------------
     def health(self) -> bool:

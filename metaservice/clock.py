@@ -1,7 +1,8 @@
-"""Wall-clock sources and the barrier grid.
+"""Wall-clock sources for the barrier clock.
 
-A barrier is the start, in epoch milliseconds, of one slot of the barrier clock.
-The clock is injectable so that the model can be tested with simulated time.
+The clock is injectable so that the model can be tested with simulated time. The
+barrier grid itself (which slot a time falls in) is in :mod:`metaservice.contract`,
+shared with the Spark side.
 """
 
 from __future__ import annotations
@@ -39,8 +40,3 @@ class ManualClock:
     def set(self, ms: int) -> None:
         with self._lock:
             self._now = ms
-
-
-def slot_of(ms: int, interval_ms: int) -> int:
-    """The barrier of the slot that contains ``ms``."""
-    return ms - ms % interval_ms

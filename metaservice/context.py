@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from metaservice.clock import Clock, SystemClock, slot_of
+from metaservice.clock import Clock, SystemClock
+from metaservice.contract import slot_of
 from metaservice.settings import Settings
 from metaservice.topology.graph import TopologyCache
 

@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+import asyncio
+import time
+
 from fastapi import APIRouter, Body, Depends, Path, Query
+from fastapi.concurrency import run_in_threadpool
 
 from metaservice.auth.schemas import Role
 from metaservice.barriers import offline, service
@@ -23,6 +27,10 @@ from metaservice.deps import Services, require, services
 from metaservice.errors import TooLarge
 from metaservice.metrics import BARRIERS, COMMITS
 from metaservice.schemas_common import error_responses
+
+# How long a next-barrier long poll may wait, and how often it looks again meanwhile.
+MAX_NEXT_BARRIER_WAIT_MS = 30_000
+NEXT_BARRIER_POLL_S = 0.05
 
 router = APIRouter(tags=["barriers"], dependencies=[require(Role.READER)])
 
@@ -127,7 +135,7 @@ def release_offline_grant(job: str, s: Services = Depends(services)) -> None:
     responses=error_responses(400, 404, 409),
     dependencies=[require(Role.WRITER)],
 )
-def next_barrier(
+async def next_barrier(
     job: str,
     after: int | None = Query(
         None,
@@ -143,11 +151,29 @@ def next_barrier(
         description="The input table of the barrier source asking; keeps a 'not ready' "
         "answer until that source asks again, so the sources of one trigger agree",
     ),
+    wait_ms: int = Query(
+        0,
+        ge=0,
+        le=MAX_NEXT_BARRIER_WAIT_MS,
+        description="Long poll: when no batch is ready, wait up to this long for one "
+        "before answering 'not ready' (a 'not ready' held for the round is answered at once)",
+    ),
     s: Services = Depends(services),
 ) -> NextBarrier:
     """The end of a derived job's batch that starts after `after`: the offset every
     barrier source of the job reports as its latest."""
-    return s.db.write(lambda session: service.next_barrier(session, s.ctx, job, after, source))
+    deadline = time.monotonic() + wait_ms / 1000
+    while True:
+        answer, held = await run_in_threadpool(
+            s.db.write,
+            lambda session: service.next_barrier_round(session, s.ctx, job, after, source),
+        )
+        left = deadline - time.monotonic()
+        if answer.ready or held or left <= 0:
+            return answer
+        # Readiness comes from other jobs' reports, possibly on another replica: look
+        # again shortly, without holding a worker thread while waiting.
+        await asyncio.sleep(min(NEXT_BARRIER_POLL_S, left))
 
 
 @router.get(

@@ -35,6 +35,7 @@ from metaservice.barriers.service import (
     open_source_batch,
 )
 from metaservice.context import Context
+from metaservice.contract import on_grid, slot_of
 from metaservice.errors import Conflict, Invalid, ServiceError
 from metaservice.models import SOURCE, Batch, Job
 from metaservice.topology import repository as topo
@@ -59,7 +60,7 @@ def grant(session: Session, ctx: Context, job_name: str, promised_floor: int) ->
     job = _source_job(session, job_name)
     # Never below the sealed frontier: the frontier must not step back.
     slot = max(ctx.now_slot(), job.frontier + ctx.interval)
-    promised = promised_floor - promised_floor % ctx.interval
+    promised = slot_of(promised_floor, ctx.interval)
     # A first grant floors at the slot: the job learns it from this answer before it
     # claims anything. A renewal takes min(promise, slot): an answer lost on the way
     # back leaves the job knowing only its own promise.
@@ -177,7 +178,7 @@ def _check_not_behind(job: Job, previous: Batch | None, item: ClaimedBarrier) ->
 
 
 def _check_claim(ctx: Context, job: Job, barrier: int) -> None:
-    if barrier % ctx.interval:
+    if not on_grid(barrier, ctx.interval):
         raise Invalid(
             f"barrier {barrier} is not on the barrier grid (multiples of {ctx.interval} ms)",
             field="barrier",

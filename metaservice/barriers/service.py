@@ -223,7 +223,7 @@ def _new_derived_batch(
                 field="batch_id",
                 code="batch_still_open",
             )
-        plan = _plan(session, ctx, job, job.frontier, source=None)
+        plan, _ = _plan(session, ctx, job, job.frontier, source=None)
         if plan.barrier is None:
             raise Conflict(
                 f"no new barrier for job '{job.name}': its inputs have not advanced past "
@@ -337,6 +337,18 @@ def next_barrier(
     was told so asks again (Spark's next trigger), so the barrier sources of one
     trigger never disagree.
     """
+    return next_barrier_round(session, ctx, job_name, after, source)[0]
+
+
+def next_barrier_round(
+    session: Session,
+    ctx: Context,
+    job_name: str,
+    after: int | None = None,
+    source: str | None = None,
+) -> tuple[NextBarrier, bool]:
+    """:func:`next_barrier`, and whether a "not ready" answer was held from an earlier
+    call of the same round (asking again in this round cannot change it)."""
     job = repo.lock_job(session, topo.require_job(session, job_name).id)
     if job.kind != DERIVED:
         raise Invalid(
@@ -349,14 +361,15 @@ def next_barrier(
     start = job.frontier if after is None else after
     if after is not None:
         _check_start(session, job, after)
-    plan = _plan(session, ctx, job, start, source)
+    plan, held = _plan(session, ctx, job, start, source)
     target = plan.barrier
-    return NextBarrier(
+    answer = NextBarrier(
         job=job.name,
         barrier=target if target is not None else start,
         start_barrier=start,
         ready=target is not None and target > start,
     )
+    return answer, held
 
 
 def _check_start(session: Session, job: Job, after: int) -> None:
@@ -375,15 +388,18 @@ def _check_start(session: Session, job: Job, after: int) -> None:
         )
 
 
-def _plan(session: Session, ctx: Context, job: Job, after: int, source: str | None) -> BatchPlan:
-    """The job's plan for the batch after ``after``: fixed once ready (see next_barrier)."""
+def _plan(
+    session: Session, ctx: Context, job: Job, after: int, source: str | None
+) -> tuple[BatchPlan, bool]:
+    """The job's plan for the batch after ``after``: fixed once ready (see next_barrier),
+    and whether its "not ready" was held for the round rather than decided now."""
     plan = repo.get_plan(session, job.id, after)
     if plan is not None and plan.barrier is not None:
-        return plan
+        return plan, False
     asked = set(plan.asked.split("\n")) - {""} if plan is not None else set()
     if plan is not None and source is not None and source not in asked:
         plan.asked = "\n".join(sorted(asked | {source}))
-        return plan  # the same round: still not ready
+        return plan, True  # the same round: still not ready
     # Spark behind the frontier of an idle job the MetaService advanced reads the
     # (empty) rest of the way up to it.
     base = max(after, job.frontier)
@@ -398,7 +414,7 @@ def _plan(session: Session, ctx: Context, job: Job, after: int, source: str | No
     if after == job.frontier:
         job.pending_target = target
     session.flush()
-    return plan
+    return plan, False
 
 
 def _choose_target(session: Session, ctx: Context, job: Job, start: int) -> int | None:

@@ -1,7 +1,10 @@
 """Read the stamps from the Iceberg tables and reconcile the database with them.
 
-The only part of reconciliation that needs pyiceberg (through ``spark_barrier``):
-its imports stay inside the functions, so the service runs without it.
+The only part of reconciliation that needs pyiceberg: its imports stay inside the
+functions, so the service runs without it. The catalog is the one the jobs use, by
+its pyiceberg properties (:func:`catalog_properties`), loaded through
+``spark_barrier.iceberg.catalog``, which imports no pyspark: reconciliation runs
+where only the ``iceberg`` extra is installed.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from rich.markup import escape
 
 from metaservice.clock import Clock, SystemClock
 from metaservice.context import Context
-from metaservice.db import Database, normalise_url
+from metaservice.contract import parse_stamp
+from metaservice.db import Database
 from metaservice.reconcile import service
 from metaservice.reconcile.schemas import ReconcileReport, Stamp, TableReconciliation
 from metaservice.settings import Settings
@@ -23,6 +27,7 @@ from metaservice.settings import Settings
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
 
+# A SQL catalog's URL other than the database's (shorthand, as --catalog-uri).
 CATALOG_URI_ENV = "METASERVICE_CATALOG_URI"
 
 
@@ -40,8 +45,6 @@ def read_stamps(
     not be read, with the reason."""
     from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
-    from spark_barrier.iceberg_io import list_stamped_snapshots
-
     stamps: dict[str, list[Stamp]] = {}
     missing: dict[str, str] = {}
     errors: dict[str, str] = {}
@@ -57,8 +60,9 @@ def read_stamps(
             continue
         try:
             stamps[name] = [
-                Stamp(snapshot_id=s.snapshot_id, barrier=s.barrier, job=s.job, batch_id=s.batch)
-                for s in list_stamped_snapshots(table)
+                Stamp(snapshot_id=snap.snapshot_id, barrier=s.barrier, job=s.job, batch_id=s.batch)
+                for snap in table.snapshots()  # commit order
+                if (s := parse_stamp(snap.summary)) is not None
             ]
         except Exception as exc:  # a malformed stamp or unreadable metadata
             errors[name] = f"cannot read the snapshots: {exc}"
@@ -89,6 +93,26 @@ def reconcile_catalog(
     return report.model_copy(update={"tables": tables})
 
 
+def catalog_properties(
+    settings: Settings, catalog_uri: str | None = None, warehouse: str | None = None
+) -> dict[str, str]:
+    """The pyiceberg properties of the catalog to reconcile with: the setting
+    ``catalog_properties`` (``METASERVICE_CATALOG_PROPERTIES``) when set, else a SQL
+    catalog at ``catalog_uri``, else ``METASERVICE_CATALOG_URI``, else in the
+    MetaService's own database, with tables under ``warehouse`` (else the setting)."""
+    from spark_barrier.iceberg.catalog import sql_catalog_properties
+
+    if settings.catalog_properties:
+        if catalog_uri:
+            raise ValueError(
+                "both catalog properties and a catalog URI are given; pass the catalog "
+                "one way: put 'uri' in the catalog properties"
+            )
+        return dict(settings.catalog_properties)
+    uri = catalog_uri or os.environ.get(CATALOG_URI_ENV) or settings.db_url
+    return sql_catalog_properties(uri, warehouse or settings.warehouse)
+
+
 def reconcile_database(
     settings: Settings,
     *,
@@ -97,12 +121,10 @@ def reconcile_database(
     check: bool = False,
     clock: Clock | None = None,
 ) -> ReconcileReport:
-    """Open the database and the catalog (by default a pyiceberg SqlCatalog in the same
-    database, or ``METASERVICE_CATALOG_URI``) and reconcile them."""
-    from spark_barrier.iceberg_io import open_catalog
+    """Open the database and the catalog (:func:`catalog_properties`) and reconcile them."""
+    from spark_barrier.iceberg.catalog import load_catalog
 
-    uri = normalise_url(catalog_uri or os.environ.get(CATALOG_URI_ENV) or settings.db_url)
-    catalog = open_catalog(uri, warehouse or settings.warehouse)
+    catalog = load_catalog(catalog_properties(settings, catalog_uri, warehouse))
     db = Database(settings.db_url)
     try:
         ctx = Context(settings=settings, clock=clock or SystemClock())

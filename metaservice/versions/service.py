@@ -20,6 +20,7 @@ from metaservice.barriers import frontiers as fr
 from metaservice.barriers import repository as barrier_repo
 from metaservice.barriers import service as barrier_service
 from metaservice.context import Context
+from metaservice.contract import slot_of
 from metaservice.errors import Conflict, Invalid, NotFound, TooLarge
 from metaservice.models import DERIVED, Job, Lease, LeaseSnapshot, Table
 from metaservice.names import check_table_name
@@ -81,7 +82,7 @@ def consistent_version(
     limit = min(fr.frontiers(session, ctx, list(jobs.values())).values())
     if at_or_before is not None:
         # the largest barrier at or before it: barriers lie on the clock's grid
-        limit = min(limit, at_or_before - at_or_before % ctx.interval)
+        limit = min(limit, slot_of(at_or_before, ctx.interval))
     derived = sorted(j.id for j in jobs.values() if j.kind == DERIVED)
     barrier = _common_exact_barrier(session, derived, limit)
     if barrier is None or barrier <= 0:
