@@ -10,15 +10,17 @@ catalog's properties), with the same schema and column matching by name.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import pyarrow as pa
 from pyiceberg.table import Table
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from spark_barrier.iceberg.filters import RowFilter, spark_condition
@@ -57,25 +59,36 @@ def read_appended(
     return read_files(spark, table, appended_file_paths(table, after_snapshot_id, upto_snapshot_id))
 
 
-def read_files(spark: SparkSession, table: Table, paths: Sequence[str]) -> DataFrame:
+def read_files(
+    spark: SparkSession, table: Table, paths: Sequence[str], file_uri_column: str | None = None
+) -> DataFrame:
     """The rows of `table`'s data files `paths`, read on the executors, with the
     table's schema (columns matched by name; a column a file lacks reads as null).
 
     Spark reads natively the files its Hadoop can open; the others go through Python
-    workers and the table's FileIO (see the module docstring).
+    workers and the table's FileIO (see the module docstring). `file_uri_column`
+    adds a column naming each row's file as Spark's `_metadata.file_path` does (a
+    percent-encoded URI: key it with `files.spark_path_key`), whichever reader read it.
     """
     # An explicit schema: no footer inference on the driver, stable types across
     # files, and the right columns for an empty read.
     schema = iceberg_schema_to_spark(table.schema())
     if not paths:
+        if file_uri_column is not None:
+            schema = schema.add(file_uri_column, T.StringType())
         return spark.createDataFrame([], schema)
     foreign = [p for p in paths if not _spark_reads(spark, _scheme(p))]
-    if not foreign:
-        return spark.read.schema(schema).parquet(*paths)
-    rows = _read_with_file_io(spark, table, foreign, schema)
     elsewhere = set(foreign)
     native = [p for p in paths if p not in elsewhere]
-    return spark.read.schema(schema).parquet(*native).unionByName(rows) if native else rows
+    parts = []
+    if native:
+        rows = spark.read.schema(schema).parquet(*native)
+        if file_uri_column is not None:
+            rows = rows.withColumn(file_uri_column, F.col("_metadata.file_path"))
+        parts.append(rows)
+    if foreign:
+        parts.append(_read_with_file_io(spark, table, foreign, schema, file_uri_column))
+    return functools.reduce(DataFrame.unionByName, parts)
 
 
 # Scheme -> whether Spark's Hadoop reads it, per Spark application: asked once each.
@@ -116,7 +129,11 @@ _TASKS_PER_CORE = 4
 
 
 def _read_with_file_io(
-    spark: SparkSession, table: Table, paths: Sequence[str], schema: T.StructType
+    spark: SparkSession,
+    table: Table,
+    paths: Sequence[str],
+    schema: T.StructType,
+    file_uri_column: str | None = None,
 ) -> DataFrame:
     """`paths` read by Python workers: task `i` reads every file whose index is `i`
     modulo the number of tasks, through a FileIO built from the table's properties."""
@@ -125,6 +142,7 @@ def _read_with_file_io(
     location = table.location()
     arrow_schema = spark_schema_to_arrow(schema)
     tasks = min(len(files), _TASKS_PER_CORE * spark.sparkContext.defaultParallelism)
+    out_schema = schema if file_uri_column is None else schema.add(file_uri_column, T.StringType())
 
     def read(ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyiceberg.io import load_file_io
@@ -132,9 +150,20 @@ def _read_with_file_io(
         io = load_file_io(properties, location)
         for batch in ids:
             for index in batch.column(0).to_pylist():
-                yield from _file_batches(io, files[index], arrow_schema)
+                for rows in _file_batches(io, files[index], arrow_schema):
+                    if file_uri_column is not None:
+                        uri = pa.array([spark_style_uri(files[index])] * rows.num_rows, pa.string())
+                        rows = rows.append_column(file_uri_column, uri)
+                    yield rows
 
-    return spark.range(len(files), numPartitions=tasks).mapInArrow(read, schema)
+    return spark.range(len(files), numPartitions=tasks).mapInArrow(read, out_schema)
+
+
+def spark_style_uri(path: str) -> str:
+    """`path` (as Iceberg metadata spells it: literal characters) as Spark reports a
+    file in `_metadata.file_path`: its path percent-encoded."""
+    parsed = urlsplit(path)
+    return urlunsplit((parsed.scheme or "file", parsed.netloc, quote(parsed.path), "", ""))
 
 
 def _file_batches(io: Any, path: str, schema: pa.Schema) -> Iterator[pa.RecordBatch]:

@@ -29,12 +29,10 @@ from pyiceberg.types import (
 )
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from spark_barrier.iceberg.files import delete_folder, path_key, spark_path_key, write_data_files
 from spark_barrier.iceberg.read import read_files
 from spark_barrier.iceberg.scan import data_files
-from spark_barrier.iceberg.schemas import iceberg_schema_to_spark
 from spark_barrier.iceberg.transaction import NOT_LANDED, commit_files
 from spark_barrier.steps import step
 
@@ -109,11 +107,10 @@ def replace_keys_attempt(
     (among those `key_filter` leaves) are rewritten without them, the others are left
     untouched. An overwrite; a delete when only files are removed. None when there is
     nothing to commit (no file added, no row removed)."""
-    schema = iceberg_schema_to_spark(table.schema())
     batch_keys = changed_keys.select(*[F.col(k).alias(_key_alias(i)) for i, k in enumerate(keys)])
     with step("commit.match"):
         candidates = data_files(table, None, key_filter)
-        affected = _files_with_keys(spark, schema, candidates, batch_keys, keys)
+        affected = _files_with_keys(spark, table, candidates, batch_keys, keys)
     if not affected:
         with step("commit.iceberg"):
             return commit_files(table, stamp, added, []) if added else None
@@ -132,7 +129,7 @@ def replace_keys_attempt(
 
 def _files_with_keys(
     spark: SparkSession,
-    schema: T.StructType,
+    table: Table,
     candidates: list[DataFile],
     batch_keys: DataFrame,
     keys: list[str],
@@ -141,10 +138,9 @@ def _files_with_keys(
     if not candidates:
         return []
     by_path = {path_key(f.file_path): f for f in candidates}
-    current = (
-        spark.read.schema(schema)
-        .parquet(*[f.file_path for f in candidates])
-        .select(*keys, F.col("_metadata.file_path").alias("__ms_file"))
+    paths = [f.file_path for f in candidates]
+    current = read_files(spark, table, paths, file_uri_column="__ms_file").select(
+        *keys, "__ms_file"
     )
     hits = (
         current.join(batch_keys, _key_match(keys), "left_semi")
