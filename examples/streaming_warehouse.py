@@ -15,13 +15,16 @@ Four streaming queries in one Spark driver, coordinated by an embedded MetaServi
 While it runs it prints each table's delay and, every 15 s, checks at the consistent
 version of all four tables that revenue per item equals the sum of the amounts of the
 live orders, that order counts match and that the detail holds exactly the live orders
-(always true), and the same on the latest snapshots (often not).
+(always true), and the same on the latest snapshots (often not). It ends with a
+summary of those checks, and exits with status 1 if a check at a consistent version
+failed (2 if it never found a consistent version to check).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import time
 from pathlib import Path
 
@@ -35,7 +38,7 @@ from metaservice.settings import Settings
 from spark_barrier.iceberg.catalog import load_catalog
 from spark_barrier.iceberg.read import read_snapshot
 
-CHECK_EVERY_S = 15
+CHECK_EVERY_S = 15.0
 
 
 class Demo:
@@ -48,6 +51,8 @@ class Demo:
         self.duration = args.duration
         self.rate = args.orders_per_second
         self.master = args.master
+        self.check_every = args.check_every
+        self.consistent_checks: list[bool] = []  # outcome of each check at a consistent version
         # The catalog: a SQL catalog in the MetaService's database, tables under
         # --tables (a folder or s3://), plus whatever --catalog-property says.
         self.catalog_properties = {
@@ -63,7 +68,8 @@ class Demo:
             port=args.port,
         )
 
-    def run(self) -> None:
+    def run(self) -> int:
+        """Run the pipeline for the duration; the exit status (see the module docstring)."""
         print(f"everything is kept under {self.root}")
         print(f"  MetaService database and Iceberg catalog: {self.db_url}")
         print(f"  Iceberg tables: {self.tables}")
@@ -96,6 +102,15 @@ class Demo:
             f"  metaservice start --db {self.db_url}\n"
             f"  metaservice lineage {wp.REVENUE}"
         )
+        return self.summary()
+
+    def summary(self) -> int:
+        checks = self.consistent_checks
+        failed = checks.count(False)
+        print(f"\nchecks at consistent versions: {len(checks)}, failed: {failed}")
+        if failed:
+            return 1
+        return 0 if checks else 2
 
     def supervise(self) -> None:
         for name, query in list(self.queries.items()):
@@ -109,7 +124,7 @@ class Demo:
 
     def watch(self, spark: SparkSession) -> None:
         start = time.monotonic()
-        next_check = start + CHECK_EVERY_S
+        next_check = start + self.check_every
         while (elapsed := time.monotonic() - start) < self.duration:
             time.sleep(5)
             self.supervise()
@@ -118,7 +133,7 @@ class Demo:
             print(f"[{elapsed:5.0f}s] delay: {line}", flush=True)
             if time.monotonic() >= next_check:
                 self.check(spark)
-                next_check = time.monotonic() + CHECK_EVERY_S
+                next_check = time.monotonic() + self.check_every
 
     @staticmethod
     def _lag(delay_ms: int | None) -> str:
@@ -133,6 +148,7 @@ class Demo:
             print("  consistent version: none yet (the jobs have not committed a common barrier)")
             return
         found = wp.check({name: read[name] for name in wp.ALL_TABLES})
+        self.consistent_checks.append(found.ok)
         age = (time.time() * 1000 - read.version.barrier) / 1000
         print(
             f"  consistent version at barrier {read.version.barrier} ({age:.1f}s old): "
@@ -206,6 +222,12 @@ def main(argv: list[str] | None = None) -> None:
         "--master", default="local[2]", help="Spark master, e.g. spark://127.0.0.1:7077"
     )
     parser.add_argument("--duration", type=float, default=60, help="seconds to run the pipeline")
+    parser.add_argument(
+        "--check-every",
+        type=float,
+        default=CHECK_EVERY_S,
+        help="seconds between checks of the consistent version (default %(default)s)",
+    )
     parser.add_argument("--orders-per-second", type=int, default=50)
     parser.add_argument("--barrier-interval-ms", type=int, default=1000)
     parser.add_argument(
@@ -218,7 +240,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     # A batch interrupted at shutdown is replayed on the next run; its trace is noise.
     logging.getLogger("py4j").setLevel(logging.CRITICAL)
-    Demo(args).run()
+    sys.exit(Demo(args).run())
 
 
 if __name__ == "__main__":
