@@ -437,7 +437,7 @@ class SparkRun:
 
     def register_and_start(self) -> None:
         import spark_barrier
-        from examples.streaming_warehouse import ORDERS_SCHEMA, generated_orders
+        from examples.warehouse_pipeline import ORDERS_SCHEMA, order_changes
 
         self.job = spark_barrier.register(
             self.spark,
@@ -450,7 +450,8 @@ class SparkRun:
             state_dir=self.state,
             outbox_options=self.outbox_options,
         )
-        stream = generated_orders(self.spark, self.rows_per_second)
+        # The demo's order feed, its change records taken as plain appends.
+        stream = order_changes(self.spark, self.rows_per_second).select(*ORDERS_SCHEMA.fieldNames())
         self.query = self.job.start(stream, self.job.sink(), trigger_seconds=1.0)
 
     @property
