@@ -21,7 +21,8 @@ def local_spark_builder(
 ) -> SparkSession.Builder:
     """Configure a `SparkSession.builder` for a small local session (tests, examples).
 
-    `local[2]` (or `master`, e.g. a test cluster's `spark://` URL), no UI, two shuffle
+    `local[2]` (or `master`, e.g. a test cluster's `spark://` URL), no UI and no console
+    progress bars (they garble the output of streaming drivers), two shuffle
     partitions (the default 200 makes tiny jobs slow),
     UTC session time zone, TIMESTAMP_MICROS Parquet output, Python workers on the
     driver's interpreter and a loopback driver address (so a machine whose hostname does not resolve still works).
@@ -37,6 +38,7 @@ def local_spark_builder(
         base.appName(app_name)
         .master(master)
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config(PARQUET_TIMESTAMP_TYPE_KEY, PARQUET_TIMESTAMP_TYPE)
         .config("spark.sql.session.timeZone", "UTC")

@@ -21,7 +21,7 @@ from typing import Any
 
 from pyiceberg.table import Table
 from pyiceberg.types import DoubleType, FloatType
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 
 from spark_barrier.iceberg.upsert import last_row_per_key
@@ -45,20 +45,28 @@ def normalized_op(op_column: str) -> Column:
     return known[op]
 
 
-def check_changes(rows: DataFrame, keys: Sequence[str], op_column: str, where: str) -> None:
-    """Raise :class:`CdcInputError` naming the first bad records of the batch."""
+def check_changes(
+    rows: DataFrame,
+    keys: Sequence[str],
+    op_column: str,
+    where: str,
+    aggregates: Sequence[Column] = (),
+) -> Row:
+    """Raise :class:`CdcInputError` naming the first bad records of the batch; else the
+    row of `aggregates` over `rows`, computed in the same Spark job as the check."""
     null_key = F.lit(False)
     for key in keys:
         null_key = null_key | F.col(key).isNull()
-    bad = rows.where(null_key | normalized_op(op_column).isNull())
-    shown = bad.select(*keys, op_column).limit(_SHOWN).collect()
-    if not shown:
-        return
+    is_bad = null_key | normalized_op(op_column).isNull()
+    (found,) = rows.agg(F.count_if(is_bad).alias("__ms_bad_records"), *aggregates).collect()
+    if not found["__ms_bad_records"]:
+        return found
+    shown = rows.where(is_bad).select(*keys, op_column).limit(_SHOWN).collect()
     problems = "; ".join(_problem(row.asDict(), keys, op_column) for row in shown)
     raise CdcInputError(
         f"{where}: change records that cannot be applied ({problems}"
-        f"{'; and maybe more' if len(shown) == _SHOWN else ''}). Every record needs its "
-        f"key columns {list(keys)} and an op in {op_column!r} of I/U/D or "
+        f"{'; and maybe more' if found['__ms_bad_records'] > _SHOWN else ''}). Every record "
+        f"needs its key columns {list(keys)} and an op in {op_column!r} of I/U/D or "
         "INSERT/UPDATE/DELETE. Nothing of the batch was committed; fix or filter the "
         "change feed and restart the query, which runs the batch again"
     )

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Literal
 
+from pyiceberg.expressions import BooleanExpression
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table, TableProperties
 from pyspark.sql import DataFrame, SparkSession
@@ -22,7 +23,8 @@ from spark_barrier.iceberg.files import column_names, delete_folder, safe_name, 
 from spark_barrier.iceberg.stamps import find_batch_snapshot
 from spark_barrier.iceberg.transaction import NOT_LANDED, commit_files
 from spark_barrier.iceberg.upsert import (
-    key_filter_from_frame,
+    key_bound_aggregates,
+    key_filter_from_bounds,
     last_row_per_key,
     replace_keys_attempt,
     upsert_attempt,
@@ -104,14 +106,20 @@ def commit_batch(
     folder = f"{table.location()}/data/batch-{safe_name(job)}-{batch_id}-{uuid.uuid4().hex}"
 
     where = f"job '{job}' batch {batch_id}"
-    with _batch_rows(spark_df, table, keys, op_column, order_by, where) as (rows, changes):
+    with _batch_rows(spark_df, table, keys, op_column, order_by, where) as (
+        rows,
+        changes,
+        key_filter,
+    ):
         with step("write"):
             added = write_data_files(rows, folder, table)
         crash_point("after_write", batch_id)  # fault-injection tests only; a no-op otherwise
         if changes is None and not added:
             delete_folder(folder)
             return None
-        attempt = _attempt(spark_df.sparkSession, table, stamp, folder, added, keys, changes)
+        attempt = _attempt(
+            spark_df.sparkSession, table, stamp, folder, added, keys, changes, key_filter
+        )
 
         def should_stop() -> int | None:
             # Another driver running the same batch (a zombie after failover) may have
@@ -140,11 +148,11 @@ def _attempt(
     added: list[DataFile],
     keys: list[str],
     changes: DataFrame | None,
+    key_filter: BooleanExpression | None,
 ) -> Callable[[int], int | None]:
     """One commit attempt of the written files `added` (attempt `n` rewrites into its
-    own folder): a fast append, an upsert, or the changes of a CDC batch."""
-    with step("key_range"):
-        key_filter = key_filter_from_frame(table, keys, changes) if changes is not None else None
+    own folder): a fast append, an upsert, or the changes of a CDC batch (whose keys
+    lie within `key_filter`)."""
 
     def attempt(n: int) -> int | None:
         rewrite_folder = f"{folder}/rewrite-{n}"
@@ -168,23 +176,27 @@ def _batch_rows(
     op_column: str | None,
     order_by: str | None,
     where: str,
-) -> Iterator[tuple[DataFrame, DataFrame | None]]:
-    """The rows to write, and for a CDC batch its last change per key (cached while
-    the batch commits: its keys are read by every attempt)."""
+) -> Iterator[tuple[DataFrame, DataFrame | None, BooleanExpression | None]]:
+    """The rows to write; for a CDC batch also its last change per key (cached while
+    the batch commits: its keys are read by every attempt) and the range its keys lie
+    in, found in the same Spark job as the check of its records."""
     if op_column is None:
         rows = spark_df.select(*_check_columns(spark_df, table))
-        yield (last_row_per_key(rows, keys) if keys else rows), None
+        yield (last_row_per_key(rows, keys) if keys else rows), None, None
         return
     extra = [c for c in (op_column, order_by) if c and c not in column_names(table)]
     # Cached: the feed is read once for the check and once for the changes.
     records = spark_df.select(*_check_columns(spark_df, table, extra), *extra).persist()
     try:
         with step("cdc_check"):  # the first action: reads and transforms the batch
-            check_changes(records, keys, op_column, where)
+            bounds = check_changes(
+                records, keys, op_column, where, key_bound_aggregates(table, keys)
+            )
+        key_filter = key_filter_from_bounds(table, keys, bounds)
         changes = last_changes(records, keys, op_column, order_by).persist()
         try:
             upserts = changes.where(F.col(OP) != DELETE_OP).select(*column_names(table))
-            yield upserts, changes
+            yield upserts, changes, key_filter
         finally:
             changes.unpersist()
     finally:

@@ -164,6 +164,8 @@ def delete_folder(folder: str) -> None:
     try:
         fs, path = pafs.FileSystem.from_uri(folder)
         fs.delete_dir(path)
+    except FileNotFoundError:
+        pass  # no file was written into it: nothing to remove
     except (OSError, pa.ArrowException) as exc:
         log.warning("could not delete %s: %s", folder, exc)
 

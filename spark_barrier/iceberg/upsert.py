@@ -27,7 +27,7 @@ from pyiceberg.types import (
     TimestampType,
     TimestamptzType,
 )
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
 
 from spark_barrier.iceberg.files import delete_folder, path_key, spark_path_key, write_data_files
@@ -207,24 +207,33 @@ def _file_bounds(files: list[DataFile], field: NestedField) -> Bounds | None:
     return (min(lows), max(highs)) if lows else None
 
 
-def key_filter_from_frame(table: Table, keys: list[str], changed: DataFrame) -> BooleanExpression:
-    """:func:`_key_range_filter` with bounds computed by Spark from the changed keys
-    (one small aggregation); AlwaysFalse when nothing changed. Only types whose Spark
-    and pyiceberg values agree (ints, strings, decimals) are pruned on."""
-    schema = table.schema()
-    usable = [k for k in keys if isinstance(schema.find_field(k).field_type, _FRAME_BOUND_TYPES)]
+def key_bound_aggregates(table: Table, keys: list[str]) -> list[Column]:
+    """The aggregates :func:`key_filter_from_bounds` reads: a row count, and per key
+    whose Spark and pyiceberg values agree (ints, strings, decimals) its min, max and
+    count of non-null values. Computed with other aggregates of the batch, they cost
+    no Spark job of their own."""
     aggregates = [F.count(F.lit(1)).alias("__ms_rows")]
-    for i, key in enumerate(usable):
+    for i, key in enumerate(_bounded_keys(table, keys)):
         aggregates += [
             F.min(key).alias(f"__ms_min_{i}"),
             F.max(key).alias(f"__ms_max_{i}"),
             F.count(key).alias(f"__ms_known_{i}"),
         ]
-    (row,) = changed.agg(*aggregates).collect()
+    return aggregates
+
+
+def key_filter_from_bounds(table: Table, keys: list[str], row: Row) -> BooleanExpression:
+    """:func:`_key_range_filter` with the bounds of a row of :func:`key_bound_aggregates`
+    over the changed keys; AlwaysFalse when nothing changed."""
     if row["__ms_rows"] == 0:
         return AlwaysFalse()
     found: dict[str, Bounds] = {}
-    for i, key in enumerate(usable):
+    for i, key in enumerate(_bounded_keys(table, keys)):
         if row[f"__ms_known_{i}"] == row["__ms_rows"]:  # else a null key: no bounds
             found[key] = (row[f"__ms_min_{i}"], row[f"__ms_max_{i}"])
     return _key_range_filter(table, keys, lambda field: found.get(field.name))
+
+
+def _bounded_keys(table: Table, keys: list[str]) -> list[str]:
+    schema = table.schema()
+    return [k for k in keys if isinstance(schema.find_field(k).field_type, _FRAME_BOUND_TYPES)]
