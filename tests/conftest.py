@@ -8,6 +8,7 @@ Without the variable they are skipped, except under CI=true, where that is an er
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from collections.abc import Iterator
@@ -42,6 +43,39 @@ def pg_base_url() -> str | None:
 def _with_search_path(url: str, schema: str) -> str:
     joiner = "&" if "?" in url else "?"
     return f"{url}{joiner}options={quote(f'-csearch_path={schema}')}"
+
+
+@pytest.fixture(autouse=True)
+def _logging_restored() -> Iterator[None]:
+    """Undo what a test's in-process ``metaservice start`` did to logging (dictConfig):
+    left in place, its root level of INFO makes py4j log every callback into later
+    tests' caplog, and its handler writes to a stderr capture pytest has closed.
+    Pytest's own capture handlers, added and removed around each phase, are left alone."""
+    saved = {id(lg): _logger_state(lg) for lg in _loggers()}
+    yield
+    for logger in _loggers():
+        level, handlers, propagate, disabled = saved.get(
+            id(logger), (logging.NOTSET, [], True, False)
+        )
+        logger.setLevel(level)
+        logger.propagate, logger.disabled = propagate, disabled
+        current = logger.handlers
+        logger.handlers[:] = [h for h in current if h in handlers or _is_pytests(h)] + [
+            h for h in handlers if h not in current and not _is_pytests(h)
+        ]
+
+
+def _loggers() -> list[logging.Logger]:
+    managed = logging.Logger.manager.loggerDict.values()
+    return [logging.root, *(lg for lg in managed if isinstance(lg, logging.Logger))]
+
+
+def _logger_state(logger: logging.Logger) -> tuple[int, list[logging.Handler], bool, bool]:
+    return logger.level, list(logger.handlers), logger.propagate, logger.disabled
+
+
+def _is_pytests(handler: logging.Handler) -> bool:
+    return type(handler).__module__.startswith("_pytest")
 
 
 @pytest.fixture
@@ -112,12 +146,18 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalo
         yield cluster
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # A test on the cluster starts several JVMs: select or skip it with -m spark / -m slow.
-    for item in items:
-        if "spark_cluster" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.spark)
-            item.add_marker(pytest.mark.slow)
+SPARK_FIXTURES = {"spark", "spark_cluster"}
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    fixtures = set(getattr(item, "fixturenames", ()))
+    # Every test that starts Spark is marked spark: `make test` runs `-m spark` (one
+    # SparkSession, one cluster) in a pytest process beside `-m "not spark"`.
+    if fixtures & SPARK_FIXTURES:
+        item.add_marker(pytest.mark.spark)
+    # A test on the cluster starts several JVMs: select or skip it with -m slow too.
+    if "spark_cluster" in fixtures:
+        item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

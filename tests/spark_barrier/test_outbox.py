@@ -554,8 +554,9 @@ def test_deliverer_logs_the_start_and_end_of_an_outage_once(
         box.append(report(i))
     with caplog.at_level(logging.DEBUG, LOGGER), fast_deliverer(box, send) as deliverer:
         assert deliverer.flush(timeout=10)
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    infos = [r for r in caplog.records if r.levelno == logging.INFO]
+    ours = [r for r in caplog.records if r.name.startswith(LOGGER)]
+    warnings = [r for r in ours if r.levelno == logging.WARNING]
+    infos = [r for r in ours if r.levelno == logging.INFO]
     assert len(warnings) == 1 and len(infos) == 1
     assert "10 reports waiting" in warnings[0].getMessage()
     assert "ConnectionError" in warnings[0].getMessage()

@@ -21,10 +21,12 @@ def test_steps_add_up_per_name_and_cost_nothing_outside_a_batch(caplog):
     assert set(steps) == {"write", "commit"}
     assert steps["write"] >= 40
     caplog.set_level(logging.INFO, logger="spark_barrier.steps")
-    log_batch("enrich", 7, 1_700_000_000_000, steps)
-    (record,) = caplog.records
+    log_batch("enrich", 7, 1_700_000_000_000, steps, total_ms=95.0)
+    (record,) = [r for r in caplog.records if r.name == "spark_barrier.steps"]
     assert record.steps == steps and record.job == "enrich" and record.batch_id == 7
+    assert record.total_ms == 95.0
     assert "enrich batch 7 (barrier 1700000000000): write" in record.getMessage()
+    assert record.getMessage().endswith("; total 95 ms")
 
 
 def test_a_step_that_raises_is_still_timed():
