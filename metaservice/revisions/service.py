@@ -1,0 +1,661 @@
+"""The rules of revisions, in the database: the affected set, where each mirror starts,
+the refusals, the records, and what expiry needs to know.
+
+Revising table ``T`` from barrier ``B``:
+
+- The **affected set** is ``T``, the other outputs of ``T``'s writer (a job writes all
+  its outputs in one batch, so revising one revises them all) and everything downstream
+  of those in the topology graph.
+- Each affected table's mirror starts at its **snapshot at B** (the latest reported
+  snapshot with a barrier at or below ``B``; none: the table was empty at ``B``).
+- **Refusals** (nothing is changed): an unknown table (404), an affected table with no
+  writer (409 ``no_writer``), one whose frontier has not reached ``B`` (409
+  ``not_reached``: its state at ``B`` is not final yet), a derived one not exact at ``B``
+  (409 ``not_exact``: its batch around ``B`` also holds data after it), ``B`` below an
+  affected table's expiry horizon or a start snapshot that was expired (409
+  ``expired``), an affected table in an active revision already (409
+  ``revision_overlaps``).
+
+The record is made (state ``creating``) before the mirrors, in one transaction that
+holds the affected tables' row locks exclusively, as an expiry reservation does: from
+its commit on, expiry keeps each start snapshot (``lifecycle.service``), and a
+reservation that committed first has raised the horizon the checks here see. The
+Iceberg side is ``revisions.mirrors``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import networkx as nx
+from sqlalchemy.orm import Session
+
+from metaservice.barriers import frontiers as fr
+from metaservice.barriers import repository as barrier_repo
+from metaservice.barriers import service as barrier_service
+from metaservice.context import Context
+from metaservice.contract import on_grid, slot_of
+from metaservice.errors import Conflict, Invalid, NotFound
+from metaservice.models import DERIVED, SOURCE, Job, Revision, Table
+from metaservice.models.revisions import (
+    ACTIVE,
+    CANCELLED,
+    CREATING,
+    FOLLOWED,
+    PLANNED,
+    READY,
+    RUNNING,
+    SWAPPED,
+    SWAPPING,
+)
+from metaservice.names import check_table_name
+from metaservice.revisions import repository as repo
+from metaservice.revisions.repository import Affected, Kept
+from metaservice.revisions.schemas import MirrorInput, MirrorView, MustRun, RevisionView
+from metaservice.schemas_common import Page
+from metaservice.topology import repository as topo
+from metaservice.topology import service as topo_service
+from metaservice.topology.graph import job_node, table_node
+from metaservice.topology.schemas import JobSpec
+from metaservice.versions import repository as lease_repo
+
+
+def mirror_name(table: str, revision_id: int) -> str:
+    """The mirror's identifier: ``ods.orders`` -> ``ods.orders__rev7``."""
+    return f"{table}__rev{revision_id}"
+
+
+def revision_job_name(job: str, revision_id: int) -> str:
+    """The revision job that re-runs ``job`` into the mirrors: ``der`` -> ``der__rev7``."""
+    return f"{job}__rev{revision_id}"
+
+
+def _unknown(revision_id: int) -> NotFound:
+    return NotFound(
+        f"revision {revision_id} does not exist", field="revision_id", code="unknown_revision"
+    )
+
+
+# -- planning -------------------------------------------------------------------------------
+
+
+def affected_tables(session: Session, ctx: Context, table: str) -> list[str]:
+    """``table``, its writer's other outputs, and everything downstream of them, by name."""
+    graph: nx.DiGraph = ctx.graph.get(session)
+    node = table_node(table)
+    roots = {node}
+    if node in graph:
+        for writer in graph.predecessors(node):
+            roots.update(graph.successors(writer))
+    found: set[str] = set()
+    for root in roots:
+        if root not in graph:
+            continue
+        for n in {root} | nx.descendants(graph, root):
+            if graph.nodes[n]["kind"] == "table":
+                found.add(graph.nodes[n]["name"])
+    found.add(table)
+    return sorted(found)
+
+
+@dataclass(frozen=True)
+class _Planned:
+    tables: dict[str, Table]
+    writers: dict[str, Job]  # by table name
+    starts: dict[str, int | None]  # by table name
+
+
+def _plan(session: Session, ctx: Context, table: str, from_barrier: int) -> _Planned:
+    """The affected set and each table's start, with every refusal; takes the affected
+    tables' row locks exclusively (a write transaction)."""
+    topo.require_table(session, table)
+    names = affected_tables(session, ctx, table)
+    tables = topo.tables_by_names(session, names)
+    for name in names:
+        if tables[name].writer_id is None:
+            raise Conflict(
+                f"table '{name}' ("
+                + ("the table revised" if name == table else f"downstream of '{table}'")
+                + ") has no writing job: a revision re-runs the writer of every affected "
+                "table. Register its writer first",
+                field="table",
+                code="no_writer",
+            )
+    jobs = topo.jobs_by_ids(session, [t.writer_id for t in tables.values() if t.writer_id])
+    writers = {name: jobs[t.writer_id] for name, t in tables.items() if t.writer_id}
+    _check_sources(table, writers)
+    _check_reached(session, ctx, writers, from_barrier)
+    locked = {
+        t.name: t
+        for t in lease_repo.lock_tables(session, [t.id for t in tables.values()], exclusive=True)
+    }
+    if set(locked) != set(names):
+        raise NotFound(f"an affected table of '{table}' was deleted meanwhile", field="table")
+    _check_overlaps(session, table, locked)
+    found = barrier_repo.snapshots_at(session, [t.id for t in locked.values()], from_barrier)
+    starts = {name: found[t.id] for name, t in locked.items()}
+    _check_expired(session, locked, starts, from_barrier)
+    return _Planned(locked, writers, starts)
+
+
+def _check_sources(table: str, writers: dict[str, Job]) -> None:
+    for name, job in sorted(writers.items()):
+        if job.kind == SOURCE:
+            raise Conflict(
+                f"table '{name}' ("
+                + ("the table revised" if name == table else f"downstream of '{table}'")
+                + f") is written by source job '{job.name}', which ingests from outside the "
+                "tables (Kafka, files...): the MetaService cannot re-run it from a barrier. "
+                "Revise the tables derived from it instead, or re-ingest into a new table "
+                "under a new job. Nothing was changed",
+                field="table",
+                code="source_job",
+            )
+
+
+def _check_reached(
+    session: Session, ctx: Context, writers: dict[str, Job], from_barrier: int
+) -> None:
+    jobs = {j.id: j for j in writers.values()}
+    # Not sealed (a revision that fails changes nothing): an idle source's frontier is the
+    # last closed slot, which no batch can get a barrier in any more (new batches get the
+    # current slot, offline ones stay above the grant's floor, which ``frontiers`` heeds).
+    front = fr.frontiers(session, ctx, list(jobs.values()), sealed_only=False)
+    for name, job in sorted(writers.items()):
+        if front[job.id] < from_barrier:
+            raise Conflict(
+                f"table '{name}' is complete up to barrier {front[job.id]} only (its job "
+                f"'{job.name}'s frontier): its state at {from_barrier} is not final yet. "
+                "Revise from a barrier every affected table has reached",
+                field="from_barrier",
+                code="not_reached",
+            )
+    derived = sorted(j.id for j in jobs.values() if j.kind == DERIVED)
+    exact = barrier_repo.latest_committed_at_or_before(session, derived, from_barrier)
+    for name, job in sorted(writers.items()):
+        if job.kind == DERIVED and exact.get(job.id) != from_barrier:
+            below = exact.get(job.id)
+            raise Conflict(
+                f"table '{name}' is not exact at barrier {from_barrier}: job '{job.name}' "
+                "committed a batch that spans it"
+                + (f" (its last batch at or below it ended at {below})" if below else "")
+                + ", so its snapshot there holds data from after it. Revise from a barrier "
+                "every affected table is exact at, e.g. the consistent version's "
+                f"(GET /api/v1/versions/consistent?tables=...&at_or_before={from_barrier})",
+                field="from_barrier",
+                code="not_exact",
+            )
+
+
+def _check_overlaps(session: Session, table: str, tables: dict[str, Table]) -> None:
+    overlap = repo.active_overlapping(session, [t.id for t in tables.values()])
+    if overlap:
+        by_revision: dict[int, list[str]] = defaultdict(list)
+        for revision_id, name in overlap:
+            by_revision[revision_id].append(name)
+        which = "; ".join(f"revision {r}: {', '.join(n)}" for r, n in sorted(by_revision.items()))
+        raise Conflict(
+            f"revising '{table}' affects tables that an active revision is revising already "
+            f"({which}). Cancel that revision (DELETE /api/v1/revisions/ID) or let it finish",
+            field="table",
+            code="revision_overlaps",
+        )
+
+
+def _check_expired(
+    session: Session, tables: dict[str, Table], starts: dict[str, int | None], from_barrier: int
+) -> None:
+    for name, t in sorted(tables.items()):
+        start = starts[name]
+        below = t.expiry_horizon is not None and from_barrier < t.expiry_horizon
+        if below or (start is not None and repo.expired_ids(session, t.id, [start])):
+            horizon = t.expiry_horizon
+            raise Conflict(
+                f"table '{name}' has no snapshot at barrier {from_barrier} any more: "
+                + (
+                    f"its snapshots older than the one at barrier {horizon} (its expiry "
+                    "horizon) may have been expired"
+                    if horizon is not None
+                    else f"snapshot {start} was expired"
+                )
+                + ". Revise from a later barrier",
+                field="from_barrier",
+                code="expired",
+            )
+
+
+# -- records ----------------------------------------------------------------------------------
+
+
+def precheck(session: Session, ctx: Context, table: str, from_barrier: int) -> None:
+    """The refusals met before the catalog is opened: 422 for a bad name or a barrier off
+    the clock's grid, 404 for an unknown table (``record_revision`` checks them again)."""
+    check_table_name(table)
+    _check_barrier(ctx, from_barrier)
+    topo.require_table(session, table)
+
+
+def _check_barrier(ctx: Context, from_barrier: int) -> None:
+    if not on_grid(from_barrier, ctx.interval):
+        raise Invalid(
+            f"{from_barrier} is not a barrier: barriers lie on the {ctx.interval} ms grid "
+            f"of the barrier clock, e.g. {slot_of(from_barrier, ctx.interval)}",
+            field="from_barrier",
+            code="off_grid",
+        )
+
+
+def record_revision(session: Session, ctx: Context, table: str, from_barrier: int) -> RevisionView:
+    """Plan the revision and record it as ``creating`` (a write transaction); every
+    refusal (see the module's docstring) changes nothing."""
+    check_table_name(table)
+    _check_barrier(ctx, from_barrier)
+    planned = _plan(session, ctx, table, from_barrier)
+    now = ctx.now_ms()
+    revision = repo.insert(session, planned.tables[table].id, from_barrier, CREATING, now)
+    repo.add_tables(
+        session,
+        revision.id,
+        [
+            Affected(
+                table_id=t.id,
+                table=name,
+                mirror=mirror_name(name, revision.id),
+                start_snapshot_id=planned.starts[name],
+                writer=planned.writers[name].name,
+                frontier=from_barrier,
+            )
+            for name, t in sorted(planned.tables.items())
+        ],
+    )
+    return view(session, ctx, revision)
+
+
+def mark_planned(session: Session, ctx: Context, revision_id: int) -> RevisionView:
+    """Every mirror is made. 409 ``revision_cancelled`` when the revision was cancelled
+    meanwhile (the caller then drops the mirrors it made)."""
+    if not repo.set_state(session, revision_id, PLANNED, ctx.now_ms(), only_from=[CREATING]):
+        raise Conflict(
+            f"revision {revision_id} was cancelled while its mirrors were being made; they "
+            "are dropped again",
+            field="revision_id",
+            code="revision_cancelled",
+        )
+    revision = repo.get(session, revision_id)
+    assert revision is not None  # its state was just set
+    _register_revision_jobs(session, ctx, revision)
+    return view(session, ctx, revision)
+
+
+def _register_revision_jobs(session: Session, ctx: Context, revision: Revision) -> None:
+    """Register each writer's revision job (its affected inputs replaced by their mirrors,
+    the mirrors as outputs) and seed it at ``from_barrier``: a committed batch of the
+    MetaService's own there, with each mirror's start snapshot, so the mirrors' history
+    starts at their start snapshots and the job's first batch reads only what its inputs
+    changed after ``from_barrier``."""
+    affected = repo.tables_of(session, [revision.id])[revision.id]
+    mirrors = {a.table: a.mirror for a in affected}
+    outputs: dict[str, list[Affected]] = defaultdict(list)
+    for a in affected:
+        outputs[a.writer].append(a)
+    now = ctx.now_ms()
+    for writer, written in sorted(outputs.items()):
+        original = topo.require_job(session, writer, field="table")
+        name = revision_job_name(writer, revision.id)
+        if topo.job_by_name(session, name) is not None:
+            raise Conflict(
+                f"a job named '{name}' is registered already: it is the name of revision "
+                f"{revision.id}'s job for '{writer}'. Nothing was changed",
+                field="table",
+                code="revision_job_exists",
+            )
+        inputs = [mirrors.get(t.name, t.name) for t in topo.input_tables(session, original.id)]
+        spec = JobSpec(
+            inputs=inputs,
+            outputs=[a.mirror for a in written],
+            description=f"revision {revision.id} of job '{writer}'",
+        )
+        topo_service.put_job(session, ctx, name, spec)
+        job = topo.require_job(session, name)
+        tables = topo.tables_by_names(session, [a.mirror for a in written])
+        repo.seed_batch(
+            session,
+            job.id,
+            revision.from_barrier,
+            now,
+            [(tables[a.mirror].id, a.start_snapshot_id) for a in written],
+        )
+        job.frontier = revision.from_barrier
+        job.last_barrier = revision.from_barrier
+    session.flush()
+
+
+def _drop_revision_jobs(session: Session, revision_id: int) -> None:
+    """A cancelled revision's jobs and their mirrors' records (the mirrors no other job
+    reads)."""
+    affected = repo.tables_of(session, [revision_id])[revision_id]
+    names = sorted({revision_job_name(a.writer, revision_id) for a in affected})
+    jobs = [j for j in (topo.job_by_name(session, n) for n in names) if j is not None]
+    if not jobs:
+        return
+    topo.bump_topology_version(session)  # serialises topology changes from here on
+    for job in jobs:
+        barrier_repo.lock_job(session, job.id)
+        topo.delete_job(session, job.id)
+    mirrors = topo.tables_by_names(session, [a.mirror for a in affected])
+    repo.delete_tables(session, repo.unread_tables(session, [t.id for t in mirrors.values()]))
+    session.flush()
+
+
+def forget(session: Session, revision_id: int) -> None:
+    """Drop the record of a revision whose mirrors could not all be made."""
+    revision = repo.get(session, revision_id)
+    if revision is not None and revision.state == CREATING:
+        repo.delete_revision(session, revision_id)
+
+
+def mark_cancelled(session: Session, ctx: Context, revision_id: int) -> RevisionView:
+    """Cancel the revision (a write transaction); a cancelled one stays cancelled."""
+    revision = repo.get(session, revision_id)
+    if revision is None:
+        raise _unknown(revision_id)
+    if revision.state != CANCELLED:
+        if repo.set_state(session, revision_id, CANCELLED, ctx.now_ms(), only_from=ACTIVE):
+            _drop_revision_jobs(session, revision_id)
+        session.refresh(revision)
+    return view(session, ctx, revision)
+
+
+def get_revision(session: Session, ctx: Context, revision_id: int) -> RevisionView:
+    revision = repo.get(session, revision_id)
+    if revision is None:
+        raise _unknown(revision_id)
+    return view(session, ctx, revision)
+
+
+def list_revisions(session: Session, ctx: Context, limit: int, offset: int) -> Page[RevisionView]:
+    """Every revision, newest first (cancelled ones too)."""
+    revisions, total = repo.page(session, limit, offset)
+    return Page(items=_views(session, ctx, revisions), total=total, limit=limit, offset=offset)
+
+
+def view(session: Session, ctx: Context, revision: Revision) -> RevisionView:
+    return _views(session, ctx, [revision])[0]
+
+
+def _views(session: Session, ctx: Context, revisions: list[Revision]) -> list[RevisionView]:
+    affected = repo.tables_of(session, [r.id for r in revisions])
+    names = repo.table_names(session, sorted({r.table_id for r in revisions}))
+    wanted = {a.writer for rows in affected.values() for a in rows}
+    wanted |= {revision_job_name(a.writer, r) for r, rows in affected.items() for a in rows}
+    jobs = {name: topo.job_by_name(session, name) for name in sorted(wanted)}
+    known = [j for j in jobs.values() if j is not None]
+    front = fr.frontiers(session, ctx, known, sealed_only=False)
+    inputs = {j.name: [t.name for t in topo.input_tables(session, j.id)] for j in known}
+    views = []
+    for r in revisions:
+        follow = _Follow(r, jobs, front)
+        tables = [follow.mirror_view(a) for a in affected[r.id]]
+        views.append(
+            RevisionView(
+                id=r.id,
+                table=names[r.table_id],
+                from_barrier=r.from_barrier,
+                state=_state(ctx, r, tables),
+                created_ms=r.created_ms,
+                updated_ms=r.updated_ms,
+                tables=tables,
+                must_run=_must_run(r.id, affected[r.id], inputs),
+            )
+        )
+    return views
+
+
+@dataclass(frozen=True)
+class _Follow:
+    """The frontiers of one revision's original writers and revision jobs."""
+
+    revision: Revision
+    jobs: dict[str, Job | None]
+    front: dict[int, int]
+
+    def frontier_of(self, name: str) -> int | None:
+        job = self.jobs.get(name)
+        return None if job is None else self.front[job.id]
+
+    def mirror_view(self, a: Affected) -> MirrorView:
+        original = self.frontier_of(a.writer)
+        mirror = self.frontier_of(revision_job_name(a.writer, self.revision.id))
+        frontier = a.frontier if mirror is None else mirror
+        return MirrorView(
+            table=a.table,
+            mirror=a.mirror,
+            start_snapshot=a.start_snapshot_id,
+            writer=a.writer,
+            revision_job=revision_job_name(a.writer, self.revision.id),
+            frontier=frontier,
+            original_frontier=original,
+            lag_ms=None if original is None else max(0, original - frontier),
+        )
+
+
+def _state(ctx: Context, revision: Revision, tables: list[MirrorView]) -> str:
+    """``planned``, ``running`` or ``ready`` from the mirrors' frontiers (the other states
+    are recorded): running once a revision job committed past ``from_barrier``, ready once
+    every mirror is within ``revision_ready_lag_ms`` of its original (and has moved, unless
+    no original has either)."""
+    if revision.state not in FOLLOWED:
+        return revision.state
+    moved = any(m.frontier > revision.from_barrier for m in tables)
+    still = all(
+        m.original_frontier is not None and m.original_frontier <= revision.from_barrier
+        for m in tables
+    )
+    lag = ctx.settings.revision_ready_lag_ms
+    caught_up = all(m.lag_ms is not None and m.lag_ms <= lag for m in tables)
+    if caught_up and (moved or still):
+        return READY
+    return RUNNING if moved else PLANNED
+
+
+def _must_run(
+    revision_id: int, affected: list[Affected], inputs: dict[str, list[str]]
+) -> list[MustRun]:
+    mirrors = {a.table: a.mirror for a in affected}
+    outputs: dict[str, list[MirrorInput]] = defaultdict(list)
+    for a in affected:
+        outputs[a.writer].append(MirrorInput(table=a.table, mirror=a.mirror))
+    return [
+        MustRun(
+            job=job,
+            revision_job=revision_job_name(job, revision_id),
+            outputs=outs,
+            mirror_inputs=[
+                MirrorInput(table=t, mirror=mirrors[t]) for t in inputs.get(job, []) if t in mirrors
+            ],
+        )
+        for job, outs in sorted(outputs.items())
+    ]
+
+
+# -- the swap ---------------------------------------------------------------------------------
+
+
+def pre_revision_name(table: str, revision_id: int) -> str:
+    """Where the original goes at the swap: ``dw.detail`` -> ``dw.detail__pre_rev7``."""
+    return f"{table}__pre_rev{revision_id}"
+
+
+def begin_swap(session: Session, ctx: Context, revision_id: int) -> RevisionView:
+    """Supersede the original writers (state ``swapping``) of a ready revision (a write
+    transaction). A swapping or swapped revision is answered as it is. 409 ``not_ready``
+    and ``revision_cancelled`` change nothing."""
+    revision = repo.lock(session, revision_id)
+    if revision is None:
+        raise _unknown(revision_id)
+    if revision.state in (SWAPPING, SWAPPED):
+        return view(session, ctx, revision)
+    if revision.state == CANCELLED:
+        raise Conflict(
+            f"revision {revision_id} is cancelled: its mirrors and jobs are gone. Create a "
+            "new revision",
+            field="revision_id",
+            code="revision_cancelled",
+        )
+    # an idle revision job counts as caught up, as it does for a reader (a refusal below
+    # rolls this back with the rest)
+    advance_revision_jobs(session, ctx, revision_id)
+    current = view(session, ctx, revision)
+    if current.state != READY:
+        lag = ctx.settings.revision_ready_lag_ms
+        behind = ", ".join(
+            f"{m.mirror} at {m.frontier}, {m.table} at {m.original_frontier}"
+            for m in current.tables
+            if m.lag_ms is None or m.lag_ms > lag
+        )
+        raise Conflict(
+            f"revision {revision_id} is {current.state}, not ready: its mirrors must be "
+            f"within {lag} ms of their originals first ({behind or 'its mirrors are being made'}"
+            "). Run its jobs (must_run's revision_job) until GET /api/v1/revisions/"
+            f"{revision_id} says ready. Nothing was changed",
+            field="revision_id",
+            code="not_ready",
+        )
+    repo.set_state(session, revision_id, SWAPPING, ctx.now_ms(), only_from=FOLLOWED)
+    session.refresh(revision)
+    return view(session, ctx, revision)
+
+
+def advance_revision_jobs(session: Session, ctx: Context, revision_id: int) -> None:
+    """Advance the revision's idle jobs (as a consistent-version read would), so that a
+    mirror whose inputs did not change catches up while a swap waits."""
+    affected = repo.tables_of(session, [revision_id])[revision_id]
+    names = sorted({revision_job_name(a.writer, revision_id) for a in affected})
+    jobs = [j for j in (topo.job_by_name(session, n) for n in names) if j is not None]
+    barrier_service.advance_idle_many(session, ctx, jobs)
+
+
+@dataclass(frozen=True)
+class Renamed:
+    """A swapped table's names in the catalog: the original goes to ``pre``, the mirror
+    to ``table``."""
+
+    table: str
+    mirror: str
+    pre: str
+
+
+def finish_swap(
+    session: Session, ctx: Context, revision_id: int, *, in_catalog: str | None
+) -> tuple[RevisionView, list[Renamed]] | None:
+    """The swap itself, in this write transaction, once every mirror has reached its
+    frozen original and no original writer has a batch open; None while they have not.
+
+    The tables' records are renamed (original ``t`` -> ``t__pre_rev<id>``, mirror ->
+    ``t``), so the revision jobs write the tables by their names from the commit on, and a
+    consistent version resolves the names all before or all after it. ``in_catalog``: the
+    name of a SQL catalog in this database, whose tables are renamed in this same
+    transaction. Returns the swapped revision and the renames (for another catalog)."""
+    revision = repo.lock(session, revision_id)
+    if revision is None:
+        raise _unknown(revision_id)
+    affected = repo.tables_of(session, [revision_id])[revision_id]
+    renames = [
+        Renamed(a.table, a.mirror, pre_revision_name(a.table, revision_id)) for a in affected
+    ]
+    if revision.state == SWAPPED:
+        return view(session, ctx, revision), renames
+    if revision.state != SWAPPING:
+        raise Conflict(
+            f"revision {revision_id} was cancelled while it was being swapped; its original "
+            "writers are no longer superseded",
+            field="revision_id",
+            code="revision_cancelled",
+        )
+    originals, revised = _lock_jobs(session, ctx, revision_id, affected)
+    if any(barrier_repo.open_batch(session, j.id) is not None for j in originals.values()):
+        return None  # its report will raise the original's frontier: wait for it
+    front = fr.frontiers(session, ctx, [*originals.values(), *revised.values()])
+    reached = {
+        a.table_id: front[revised[a.writer].id]
+        for a in affected
+        if front[revised[a.writer].id] >= front[originals[a.writer].id]
+    }
+    if len(reached) < len(affected):
+        return None
+    mirrors = topo.tables_by_names(session, [a.mirror for a in affected])
+    lease_repo.lock_tables(
+        session, [a.table_id for a in affected] + [t.id for t in mirrors.values()], exclusive=True
+    )
+    for a, r in zip(affected, renames, strict=True):
+        repo.rename_table(session, a.table_id, r.pre)
+    for a in affected:
+        repo.rename_table(session, mirrors[a.mirror].id, a.table)
+    if in_catalog is not None:
+        _rename_in_catalog(session, in_catalog, renames)
+    repo.set_frontiers(session, revision_id, reached)
+    repo.set_state(session, revision_id, SWAPPED, ctx.now_ms(), only_from=[SWAPPING])
+    topo.bump_topology_version(session)  # the graph names the tables
+    session.flush()
+    session.refresh(revision)
+    return view(session, ctx, revision), renames
+
+
+def _lock_jobs(
+    session: Session, ctx: Context, revision_id: int, affected: list[Affected]
+) -> tuple[dict[str, Job], dict[str, Job]]:
+    """The original writers and their revision jobs (by original name), locked downstream
+    first as an idle job's advance locks them (no deadlock against it)."""
+    writers = sorted({a.writer for a in affected})
+    jobs: dict[str, Job] = {}
+    for name in writers + [revision_job_name(w, revision_id) for w in writers]:
+        jobs[name] = topo.require_job(session, name, field="revision_id")
+    order = {n: i for i, n in enumerate(nx.topological_sort(ctx.graph.get(session)))}
+    for name in sorted(jobs, key=lambda n: -order.get(job_node(n), 0)):
+        jobs[name] = barrier_repo.lock_job(session, jobs[name].id)
+    originals = {w: jobs[w] for w in writers}
+    revised = {w: jobs[revision_job_name(w, revision_id)] for w in writers}
+    return originals, revised
+
+
+def _split(identifier: str) -> tuple[str, str]:
+    namespace, _, name = identifier.rpartition(".")
+    return namespace, name
+
+
+def _rename_in_catalog(session: Session, catalog: str, renames: list[Renamed]) -> None:
+    for step in ("pre", "mirror"):
+        for r in renames:
+            source, target = (r.table, r.pre) if step == "pre" else (r.mirror, r.table)
+            if not repo.rename_catalog_table(session, catalog, _split(source), _split(target)):
+                raise Conflict(
+                    f"the Iceberg table '{source}' is not in the catalog '{catalog}' in the "
+                    "MetaService's database, so it cannot be renamed to "
+                    f"'{target}'. Nothing was changed",
+                    field="revision_id",
+                    code="not_in_catalog",
+                )
+
+
+# -- what expiry needs ------------------------------------------------------------------------
+
+
+def kept_snapshots(session: Session, table_id: int) -> list[Kept]:
+    """The start snapshots that active revisions keep in the table: a mirror reads the
+    files they reach."""
+    return repo.active_start_snapshots(session, table_id)
+
+
+def refuse_pending_mirror(session: Session, table: str) -> None:
+    """409 ``revision_pending`` when ``table`` is the mirror of an active revision: its
+    files are the original's, which the original's expiry looks after."""
+    revision_id = repo.active_by_mirror(session, table)
+    if revision_id is not None:
+        raise Conflict(
+            f"'{table}' is a mirror of revision {revision_id}, which is still active: its "
+            "files belong to the original table, whose expiry keeps what the mirror reads. "
+            "Expire the original instead",
+            field="table",
+            code="revision_pending",
+        )
