@@ -1,0 +1,212 @@
+"""SQL statements per request on the hot paths, pinned so they cannot creep back (issue 13).
+
+Each test drives the service over its ASGI app (the same path a job's requests take)
+and counts every statement the app's engine sends (SQLAlchemy's
+``before_cursor_execute``: on SQLite that includes ``BEGIN IMMEDIATE``; COMMIT is not
+a statement). The bounds are today's counts: lower them when a change removes
+statements, never raise them without saying why in the commit.
+
+``METASERVICE_PRINT_COUNTS=1`` prints the counts measured (``pytest -s``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from fastapi.testclient import TestClient
+from sqlalchemy import event
+
+from tests.metaservice.helpers import API, SLOT, barrier, commit, put_job, report
+
+# operation -> (SQLite, PostgreSQL) upper bounds
+BOUNDS: dict[str, tuple[int, int]] = {
+    "source barrier": (14, 13),
+    "source report": (13, 12),
+    "derived barrier": (17, 16),
+    "derived report": (14, 13),
+    "next-barrier": (15, 14),
+    "batched reports, 1": (13, 12),
+    "batched reports, 10": (103, 102),
+    "batched reports, 100": (733, 732),
+    "consistent version, 50 tables": (119, 117),
+    "consistent version, 50 tables, sealing": (523, 518),
+}
+# How much a batched report request may grow from 10 to 100 reports (10 jobs).
+BATCH_GROWTH = 630
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, *_: Any) -> None:
+        self.count += 1
+
+
+@contextmanager
+def counting(client: TestClient) -> Iterator[Counter]:
+    engine = client.app.state.services.db.engine  # type: ignore[attr-defined]
+    counter = Counter()
+    event.listen(engine, "before_cursor_execute", counter)
+    try:
+        yield counter
+    finally:
+        event.remove(engine, "before_cursor_execute", counter)
+
+
+def check(client: TestClient, db_url: str, operation: str, count: int) -> None:
+    bound = BOUNDS[operation][0 if db_url.startswith("sqlite") else 1]
+    if os.environ.get("METASERVICE_PRINT_COUNTS"):
+        kind = "sqlite" if db_url.startswith("sqlite") else "postgres"
+        print(f"\nSTATEMENTS {kind:8} {operation:40} {count}")
+    assert count <= bound, f"{operation}: {count} SQL statements, at most {bound} allowed"
+
+
+def counted(client: TestClient, call: Any) -> tuple[Any, int]:
+    with counting(client) as counter:
+        result = call()
+    return result, counter.count
+
+
+def post_ok(client: TestClient, path: str, body: Any = None) -> Any:
+    r = client.post(API + path, json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def get_ok(client: TestClient, path: str, params: Any = None) -> Any:
+    r = client.get(API + path, params=params)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_source_batch_cycle(client, clock, db_url):
+    put_job(client, "src", outputs=["ods.a"])
+    for batch_id in range(3):  # warm up: the first batch and slot differ
+        b = barrier(client, "src", batch_id)["barrier"]
+        commit(client, "src", batch_id, b, "ods.a", 100 + batch_id)
+        clock.advance(SLOT)
+    view, n_barrier = counted(client, lambda: barrier(client, "src", 3))
+    result, n_report = counted(
+        client, lambda: commit(client, "src", 3, view["barrier"], "ods.a", 103)
+    )
+    assert result["status"] == "recorded" and result["batch_committed"]
+    check(client, db_url, "source barrier", n_barrier)
+    check(client, db_url, "source report", n_report)
+
+
+def _derived_pipeline(client, clock) -> None:
+    put_job(client, "src", outputs=["ods.a"])
+    put_job(client, "der", inputs=["ods.a"], outputs=["dwd.b"])
+
+
+def _derived_step(client, clock, batch_id: int, measure: dict[str, int] | None = None) -> None:
+    b = barrier(client, "src", batch_id)["barrier"]
+    commit(client, "src", batch_id, b, "ods.a", 100 + batch_id)
+    clock.advance(SLOT)
+
+    def count(name: str, call: Any) -> Any:
+        if measure is None:
+            return call()
+        result, n = counted(client, call)
+        measure[name] = n
+        return result
+
+    nxt = count("next-barrier", lambda: get_ok(client, "/jobs/der/next-barrier"))
+    assert nxt["ready"], nxt
+    view = count(
+        "derived barrier",
+        lambda: post_ok(
+            client,
+            f"/jobs/der/batches/{batch_id}/barrier",
+            {"start": nxt["start_barrier"], "end": nxt["barrier"]},
+        ),
+    )
+    assert view["barrier"] == nxt["barrier"]
+    result = count(
+        "derived report",
+        lambda: commit(client, "der", batch_id, view["barrier"], "dwd.b", 500 + batch_id),
+    )
+    assert result["batch_committed"]
+
+
+def test_derived_batch_cycle_and_next_barrier(client, clock, db_url):
+    _derived_pipeline(client, clock)
+    for batch_id in range(3):
+        _derived_step(client, clock, batch_id)
+    measured: dict[str, int] = {}
+    _derived_step(client, clock, 3, measured)
+    for name, n in measured.items():
+        check(client, db_url, name, n)
+
+
+def _batched(client, clock, jobs: int, per_job: int, first_batch: int) -> int:
+    reports = []
+    for j in range(jobs):
+        for k in range(per_job):
+            batch_id = first_batch + k
+            b = barrier(client, f"w{j}", batch_id)["barrier"]
+            reports.append(report(f"w{j}", batch_id, b, f"ods.w{j}", 10_000 * j + batch_id))
+    body, n = counted(client, lambda: post_ok(client, "/commits/batch", {"commits": reports}))
+    assert body["recorded"] == len(reports), body
+    return n
+
+
+def test_batched_reports_cost_does_not_grow_with_the_reports(client, clock, db_url):
+    for j in range(10):
+        put_job(client, f"w{j}", outputs=[f"ods.w{j}"])
+    _batched(client, clock, 10, 1, 0)  # warm up
+    clock.advance(SLOT)
+    n1 = _batched(client, clock, 1, 1, 1)
+    n10 = _batched(client, clock, 10, 1, 2)
+    clock.advance(SLOT)
+    n100 = _batched(client, clock, 10, 10, 3)
+    check(client, db_url, "batched reports, 1", n1)
+    check(client, db_url, "batched reports, 10", n10)
+    check(client, db_url, "batched reports, 100", n100)
+    assert n100 - n10 <= BATCH_GROWTH, (n10, n100)
+
+
+def _fifty_tables(client, clock) -> list[str]:
+    """20 sources, 20 derived jobs reading two sources each, 10 reading two of those."""
+    sources = [f"ods.s{i:02d}" for i in range(20)]
+    layer1 = [f"dwd.d{i:02d}" for i in range(20)]
+    layer2 = [f"dws.e{i:02d}" for i in range(10)]
+    for i, t in enumerate(sources):
+        put_job(client, f"s{i:02d}", outputs=[t])
+    for i, t in enumerate(layer1):
+        put_job(client, f"d{i:02d}", inputs=[sources[i], sources[(i + 1) % 20]], outputs=[t])
+    for i, t in enumerate(layer2):
+        put_job(client, f"e{i:02d}", inputs=[layer1[2 * i], layer1[2 * i + 1]], outputs=[t])
+    for step in range(2):
+        for i, t in enumerate(sources):
+            b = barrier(client, f"s{i:02d}", step)["barrier"]
+            commit(client, f"s{i:02d}", step, b, t, 1000 * i + step)
+        clock.advance(SLOT)
+        for prefix, tables in (("d", layer1), ("e", layer2)):
+            for i, t in enumerate(tables):
+                nxt = get_ok(client, f"/jobs/{prefix}{i:02d}/next-barrier")
+                assert nxt["ready"], nxt
+                view = post_ok(
+                    client,
+                    f"/jobs/{prefix}{i:02d}/batches/{step}/barrier",
+                    {"start": nxt["start_barrier"], "end": nxt["barrier"]},
+                )
+                commit(
+                    client, f"{prefix}{i:02d}", step, view["barrier"], t, 50_000 + 100 * i + step
+                )
+    return sources + layer1 + layer2
+
+
+def test_consistent_version_of_fifty_tables(client, clock, db_url):
+    tables = _fifty_tables(client, clock)
+    clock.advance(SLOT)
+    params = {"tables": ",".join(tables)}
+    sealing, n_seal = counted(client, lambda: get_ok(client, "/versions/consistent", params))
+    read, n_read = counted(client, lambda: get_ok(client, "/versions/consistent", params))
+    assert read == sealing and len(read["snapshots"]) == 50
+    check(client, db_url, "consistent version, 50 tables, sealing", n_seal)
+    check(client, db_url, "consistent version, 50 tables", n_read)
