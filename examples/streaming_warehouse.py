@@ -12,7 +12,9 @@ Four streaming queries in one Spark driver, coordinated by an embedded MetaServi
     build_order_detail  ods.orders changelog + ods.items as of the barrier -> dwd.order_detail
     aggregate_revenue   dwd.order_detail changelog                          -> dws.item_revenue
 
-While it runs it prints each table's delay and, every 15 s, checks at the consistent
+While it runs it shows a live status (per table its delay and its writer's last batch,
+and the age of the consistent version; redrawn in place on a terminal, a line every
+5 s when piped; Spark's own log lines are kept to errors) and, every 15 s, checks at the consistent
 version of all four tables that revenue per item equals the sum of the amounts of the
 live orders, that order counts match and that the detail holds exactly the live orders
 (always true), and the same on the latest snapshots (often not). It ends with a
@@ -29,6 +31,8 @@ import time
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
+from rich.live import Live
+from rich.table import Table
 
 import spark_barrier
 from examples import warehouse_pipeline as wp
@@ -39,6 +43,7 @@ from spark_barrier.iceberg.catalog import load_catalog
 from spark_barrier.iceberg.read import read_snapshot
 
 CHECK_EVERY_S = 15.0
+MIN_CHECKS_GRACE_S = 300.0
 
 
 class Demo:
@@ -52,7 +57,9 @@ class Demo:
         self.rate = args.orders_per_second
         self.master = args.master
         self.check_every = args.check_every
+        self.min_checks = args.min_checks
         self.consistent_checks: list[bool] = []  # outcome of each check at a consistent version
+        self.checks_with_data = 0  # of those, the ones whose tables held revenue
         # The catalog: a SQL catalog in the MetaService's database, tables under
         # --tables (a folder or s3://), plus whatever --catalog-property says.
         self.catalog_properties = {
@@ -75,8 +82,10 @@ class Demo:
         print(f"  Iceberg tables: {self.tables}")
         print(f"  Spark checkpoints and report outboxes: {self.state_dir}")
         with EmbeddedMetaService(self.settings) as url:
-            print(f"MetaService running at {url} (API docs at {url}/docs)")
-            builder = spark_barrier.local_spark_builder("streaming-warehouse", master=self.master)
+            print(f"MetaService running at {url}: web console {url}/ui, API docs {url}/docs")
+            builder = spark_barrier.local_spark_builder(
+                "streaming-warehouse", master=self.master, quiet=True
+            )
             spark = builder.getOrCreate()
             spark.sparkContext.setLogLevel("ERROR")
             print(f"Spark master: {spark.sparkContext.master}")
@@ -125,23 +134,30 @@ class Demo:
     def watch(self, spark: SparkSession) -> None:
         start = time.monotonic()
         next_check = start + self.check_every
-        while (elapsed := time.monotonic() - start) < self.duration:
-            time.sleep(5)
-            self.supervise()
-            tables = {t.name: t for t in self.client.all_tables()}
-            line = "  ".join(f"{n} {self._lag(tables[n].delay_ms)}" for n in wp.ALL_TABLES)
-            print(f"[{elapsed:5.0f}s] delay: {line}", flush=True)
-            if time.monotonic() >= next_check:
-                self.check(spark)
-                next_check = time.monotonic() + self.check_every
+        with StatusBoard(self.client, live=sys.stdout.isatty()) as board:
+            while self._keep_running(elapsed := time.monotonic() - start):
+                time.sleep(board.every_s)
+                self.supervise()
+                board.update(elapsed)
+                if time.monotonic() >= next_check:
+                    self.check(spark)
+                    next_check = time.monotonic() + self.check_every
+
+    def _keep_running(self, elapsed: float) -> bool:
+        """Until the duration is over and, with --min-checks, until that many checks at
+        consistent versions with data were made (a slow machine takes longer), but
+        never longer than MIN_CHECKS_GRACE_S after the duration."""
+        if elapsed < self.duration:
+            return True
+        missing = self.checks_with_data < self.min_checks
+        return missing and elapsed < self.duration + MIN_CHECKS_GRACE_S
 
     @staticmethod
     def _lag(delay_ms: int | None) -> str:
-        if delay_ms is None or delay_ms > 10**9:
-            return "(no data yet)"
-        return f"{delay_ms / 1000:.1f}s"
+        return lag(delay_ms)
 
     def check(self, spark: SparkSession) -> None:
+        started = time.monotonic()
         try:
             read = spark_barrier.read_consistent(spark, self.client, self.catalog, wp.ALL_TABLES)
         except ConflictError:
@@ -149,6 +165,8 @@ class Demo:
             return
         found = wp.check({name: read[name] for name in wp.ALL_TABLES})
         self.consistent_checks.append(found.ok)
+        if found.items:
+            self.checks_with_data += 1
         age = (time.time() * 1000 - read.version.barrier) / 1000
         print(
             f"  consistent version at barrier {read.version.barrier} ({age:.1f}s old): "
@@ -159,6 +177,7 @@ class Demo:
             f"  latest snapshots (no coordination): {latest.describe()}"
             + ("" if latest.ok else " - expected, they are not a consistent set")
         )
+        print(f"  (both checks took {time.monotonic() - started:.1f}s)", flush=True)
 
     def _latest(self, spark: SparkSession, name: str) -> DataFrame:
         table = self.catalog.load_table(name)
@@ -177,11 +196,11 @@ class Demo:
                 f"  latest snapshot {t.latest_snapshot}"
             )
         delay = self.client.delay(wp.REVENUE)
-        print(f"\n== critical path of {wp.REVENUE} ({delay.delay_ms / 1000:.1f}s behind) ==")
-        for lag in delay.critical_path:
+        print(f"\n== critical path of {wp.REVENUE} ({self._lag(delay.delay_ms)} behind) ==")
+        for step in delay.critical_path:
             print(
-                f"  {lag.job:20} waits on {lag.slowest_input or 'the wall clock':18} "
-                f"contributes {lag.contribution_ms / 1000:.1f}s"
+                f"  {step.job:20} waits on {step.slowest_input or 'the wall clock':18} "
+                f"contributes {self._lag(step.contribution_ms)}"
             )
         print("\n== final check ==")
         self.check(spark)
@@ -197,6 +216,58 @@ class Demo:
                 print(f"  consumed {rng.table} snapshots ({rng.from_snapshot}, {rng.to_snapshot}]")
         except ConflictError:
             pass
+
+
+def lag(delay_ms: int | None) -> str:
+    if delay_ms is None or delay_ms > 10**9:
+        return "(no data yet)"
+    return f"{delay_ms / 1000:.1f}s"
+
+
+class StatusBoard:
+    """What the pipeline is doing: per table its delay (now minus its frontier) and its
+    writer's last batch, and how old the consistent version of all four tables is. On a
+    terminal one block redrawn in place every second (lines printed meanwhile, the
+    checks', appear above it); piped, one line every five seconds."""
+
+    def __init__(self, client: MetaServiceClient, *, live: bool) -> None:
+        self.client = client
+        self.live = Live(refresh_per_second=4, redirect_stdout=True) if live else None
+        self.every_s = 1.0 if live else 5.0
+
+    def __enter__(self) -> StatusBoard:
+        if self.live is not None:
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+    def update(self, elapsed: float) -> None:
+        tables = {t.name: t for t in self.client.all_tables()}
+        jobs = {j.name: j for j in self.client.all_jobs()}
+        try:
+            barrier = self.client.consistent_version(wp.ALL_TABLES).barrier
+            version = f"{(time.time() * 1000 - barrier) / 1000:.1f}s old"
+        except ConflictError:
+            version = "none yet"
+        rows = []
+        for name in wp.ALL_TABLES:
+            table = tables[name]
+            writer = jobs.get(table.writer or "")
+            batch = writer.last_batch_id if writer is not None else None
+            rows.append((name, lag(table.delay_ms), "-" if batch is None else str(batch)))
+        if self.live is None:
+            cells = "  ".join(f"{n} {d} (batch {b})" for n, d, b in rows)
+            print(f"[{elapsed:5.0f}s] consistent version {version}; delay: {cells}", flush=True)
+            return
+        board = Table(title=f"{elapsed:.0f}s: consistent version of all four tables {version}")
+        for column in ("table", "delay", "last batch"):
+            board.add_column(column, justify="left" if column == "table" else "right")
+        for row in rows:
+            board.add_row(*row)
+        self.live.update(board)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -227,6 +298,14 @@ def main(argv: list[str] | None = None) -> None:
         type=float,
         default=CHECK_EVERY_S,
         help="seconds between checks of the consistent version (default %(default)s)",
+    )
+    parser.add_argument(
+        "--min-checks",
+        type=int,
+        default=0,
+        help="keep running after --duration until this many checks at consistent versions "
+        "with data (items with revenue) were made "
+        f"(at most {MIN_CHECKS_GRACE_S:.0f} s more; default %(default)s)",
     )
     parser.add_argument("--orders-per-second", type=int, default=50)
     parser.add_argument("--barrier-interval-ms", type=int, default=1000)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
@@ -58,6 +59,7 @@ from spark_barrier.listener import BarrierListener
 from spark_barrier.offline import OfflineBarriers
 from spark_barrier.reads import read_at_barrier
 from spark_barrier.report import DirectReporter, OutboxReporter, Reporter, retry
+from spark_barrier.revision import RevisionJob, RevisionModeError, revision_job
 from spark_barrier.source import SOURCE_NAME, BarrierSource
 from spark_barrier.steps import log_batch, recording, step
 
@@ -108,6 +110,7 @@ class BatchContext:
         >>> def join(rows, ctx):  # doctest: +SKIP
         ...     return ctx.input("ods.orders").join(ctx.input("ods.payments"), "order_id")
         """
+        table = self.job.actual(table)
         if table not in self.inputs:
             raise BarrierConfigError(
                 f"job '{self.job.name}' batch {self.batch_id} streams no input '{table}' "
@@ -139,6 +142,16 @@ class BatchContext:
 Transform = Callable[[DataFrame, BatchContext], DataFrame]
 
 
+def swapped_message(job: str, revision: int, tables: Sequence[str]) -> str:
+    """What a revision driver that ran through its revision's swap is told."""
+    return (
+        f"job '{job}': revision {revision} was swapped while this driver ran: the mirrors "
+        f"it reads and writes now carry their originals' names ({', '.join(tables)}), and "
+        "the job writes them. The query stops; restart this driver with the same code and "
+        "revision= (it continues from its checkpoint on the tables by their own names)"
+    )
+
+
 class BarrierJob:
     """A registered job: its barrier sources, its sink, and reads at its barriers."""
 
@@ -157,6 +170,8 @@ class BarrierJob:
         patience_s: float = 3600.0,
         lookups: Sequence[str] = (),
         read_lease_s: int = 3600,
+        aliases: Mapping[str, str] | None = None,
+        revision: int | None = None,
     ) -> None:
         self.spark = spark
         self.client = client
@@ -171,6 +186,14 @@ class BarrierJob:
         self.patience_s = patience_s  # how long a batch waits for an unreachable service
         self.lookups = list(lookups)  # read as of each batch's barrier, never streamed
         self.read_lease_s = read_lease_s  # lease on what ctx.read reads; released after the batch
+        # Revision mode (spark_barrier.revision): an original table -> the mirror used instead.
+        self.aliases = dict(aliases or {})
+        self.revision = revision
+
+    def actual(self, table: str) -> str:
+        """The table the job reads or writes for ``table`` as its code names it: in
+        revision mode, a mirror for an affected original; else ``table`` itself."""
+        return self.aliases.get(table, table)
 
     def source(
         self,
@@ -198,6 +221,7 @@ class BarrierJob:
 
         >>> orders = job.source("ods.orders", changelog=True)  # doctest: +SKIP
         """
+        table = self.actual(table)
         if table in self.lookups:
             raise BarrierConfigError(
                 f"'{table}' is a lookup table of job '{self.name}': it is not streamed; "
@@ -223,6 +247,9 @@ class BarrierJob:
             "patience_s": str(self.patience_s),
             "wait_ms": str(NEXT_BARRIER_WAIT_MS),
         }
+        if self.revision is not None and self.aliases:
+            # A revision job's driver started before the swap: an idle source notices it.
+            options["revision"] = str(self.revision)
         reader = self.spark.readStream.format(SOURCE_NAME).option("job", self.name)
         for key, value in options.items():
             reader = reader.option(key, value)
@@ -250,7 +277,7 @@ class BarrierJob:
         identifier fields (required columns), which changelog readers pair updates by.
         See :func:`spark_barrier.iceberg.commit.commit_batch`.
         """
-        table = table or self.outputs[0]
+        table = self.actual(table) if table else self.outputs[0]
         if table not in self.outputs:
             raise BarrierConfigError(
                 f"job '{self.name}' does not write '{table}'; its outputs are {self.outputs}"
@@ -291,13 +318,31 @@ class BarrierJob:
         )
 
     def table(self, name: str) -> Table:
-        return self.catalog.load_table(name)
+        actual = self.actual(name)
+        try:
+            return self.catalog.load_table(actual)
+        except NoSuchTableError:
+            if actual in self.aliases.values():  # a mirror
+                self._check_not_swapped()
+            raise
+
+    def _check_not_swapped(self) -> None:
+        """A mirror this driver names is gone from the catalog: if the revision was
+        swapped meanwhile, stop with what to do (the mirror carries its original's name)."""
+        assert self.revision is not None
+        state = self.client.get_revision(self.revision).state
+        if state == "swapped":
+            raise BarrierBatchError(
+                swapped_message(self.name, self.revision, sorted(self.aliases)),
+                code="revision_swapped",
+            )
 
     def read_at(self, table: str, barrier: int) -> DataFrame:
-        return read_at_barrier(self.spark, self.catalog, table, barrier)
+        return read_at_barrier(self.spark, self.catalog, self.actual(table), barrier)
 
     def read_in_batch(self, ctx: BatchContext, table: str) -> DataFrame:
         """:meth:`BatchContext.read`: checks, waits for exactness, leases, reads."""
+        table = self.actual(table)
         with step("transform.ctx_read_wait"):
             version = self.version_in_batch(ctx, table)
         if version is None:
@@ -313,6 +358,7 @@ class BarrierJob:
         itself: its state before this batch, i.e. at the batch's start, where the job
         committed last (None before its first batch).
         """
+        table = self.actual(table)
         if not self.inputs:
             raise BarrierConfigError(
                 f"job '{self.name}' is a source job: its batches run at the barrier clock's "
@@ -333,18 +379,27 @@ class BarrierJob:
         return self._exact_version(table, ctx.barrier)
 
     def _exact_version(self, table: str, barrier: int) -> ConsistentVersion:
-        """The version of ``table`` exact at ``barrier``, leased; waits until there is one."""
+        """The version of ``table`` that is its state at ``barrier``, leased; waits until
+        the table is final there.
+
+        Usually a version at ``barrier`` itself. When the table is final at ``barrier``
+        (its frontier is at or past it) but ``barrier`` is not in its history (a job's
+        own batch may start at an end Spark planned while the MetaService advanced the
+        idle job past it), the newest version before it is the same state: nothing was
+        committed in between, and nothing can be any more."""
         deadline = time.monotonic() + self.patience_s
         delay = 0.05
         seen: int | None = None
         while True:
             try:
                 seen = self.client.consistent_version([table], at_or_before=barrier).barrier
-                if seen == barrier:
+                # The frontier is read before the leased version, so a commit at or below
+                # ``barrier`` cannot come between the two: the version leased is final.
+                if seen == barrier or self._final_at(table, barrier):
                     leased = self.client.consistent_version(
                         [table], at_or_before=barrier, lease_seconds=self.read_lease_s
                     )
-                    if leased.barrier == barrier:
+                    if leased.barrier >= seen:
                         return leased
                     if leased.lease_id is not None:  # cannot happen: versions never go back
                         self.release_lease(leased.lease_id)
@@ -362,6 +417,10 @@ class BarrierJob:
                 )
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
+
+    def _final_at(self, table: str, barrier: int) -> bool:
+        frontier = self.client.get_table(table).frontier
+        return frontier is not None and frontier >= barrier
 
     def release_lease(self, lease_id: str) -> None:
         try:
@@ -407,11 +466,13 @@ class BarrierSink:
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         self._barrier: int | None = None
+        started = time.perf_counter()
         with _in_batch(self.job.name), recording() as steps:
             try:
                 self._run_batch(df, batch_id)
             finally:
-                log_batch(self.job.name, batch_id, self._barrier, steps)
+                total_ms = (time.perf_counter() - started) * 1000
+                log_batch(self.job.name, batch_id, self._barrier, steps, total_ms)
 
     def _run_batch(self, df: DataFrame, batch_id: int) -> None:
         job = self.job
@@ -627,6 +688,14 @@ def _refused(job: BarrierJob, batch_id: int, query_id: str, exc: ConflictError) 
             "the query stops. Check that the query runs from this job's own checkpoint",
             code=exc.code,
         )
+    if exc.code == "superseded":
+        return BarrierBatchError(
+            f"job '{job.name}' was replaced by a revision ({exc.message}): its tables are "
+            "the revision's now, and the revision's job writes them. Nothing was committed "
+            "and the query stops; run the revision's job instead (see metaservice revision "
+            "status)",
+            code=exc.code,
+        )
     if exc.code == "batch_abandoned":
         return BarrierBatchError(
             f"job '{job.name}' batch {batch_id} was abandoned by an operator ({exc.message}); "
@@ -714,6 +783,7 @@ def register(
     patience_s: float = 3600.0,
     read_lease_s: int = 3600,
     partition_by: Mapping[str, Sequence[str]] | None = None,
+    revision: int | None = None,
 ) -> BarrierJob:
     """Register ``job`` with the MetaService and make ``spark`` ready to run it.
 
@@ -748,10 +818,22 @@ def register(
     of their own and go on committing (see ``spark_barrier.offline``). Other batches
     wait up to ``patience_s`` for an unreachable MetaService before failing.
     What ``ctx.read`` reads is leased for ``read_lease_s`` (released when its batch ends).
+    ``revision``: run the job in that revision (see :mod:`spark_barrier.revision`) as
+    the revision's job, on its mirror tables; the code keeps naming the original tables.
     """
     properties = _catalog_properties(job, catalog_properties, catalog_uri, warehouse, catalog)
     client = MetaServiceClient(url, token=token)
     _check_reachable(client)
+    aliases: dict[str, str] = {}
+    if revision is not None:
+        running = _in_revision(client, job, revision)
+        job, aliases = running.job, dict(running.tables)
+        inputs, lookups = [running.table(t) for t in inputs], [running.table(t) for t in lookups]
+        if isinstance(outputs, Mapping):
+            outputs = {running.table(t): schema for t, schema in outputs.items()}
+        else:
+            outputs = [running.table(t) for t in outputs]
+        partition_by = {running.table(t): spec for t, spec in (partition_by or {}).items()}
     catalog = _check_catalog(job, catalog, properties)
     catalog_options = {"catalog": json.dumps(properties), "catalog_name": catalog.name}
     output_names = list(outputs)
@@ -797,7 +879,16 @@ def register(
         patience_s=patience_s,
         lookups=lookups,
         read_lease_s=read_lease_s,
+        aliases=aliases,
+        revision=revision,
     )
+
+
+def _in_revision(client: MetaServiceClient, job: str, revision: int) -> RevisionJob:
+    try:
+        return revision_job(client, job, revision)
+    except RevisionModeError as exc:
+        raise BarrierConfigError(str(exc)) from exc
 
 
 def _check_lookups(job: str, inputs: Sequence[str], lookups: Sequence[str]) -> None:

@@ -26,6 +26,7 @@ sink from the plan.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -43,6 +44,7 @@ _REQUIRED = ("url", "job", "table", "catalog")
 # batch" (its start). Retrying first makes it unlikely that one source of a trigger
 # got an end while another could not ask; the sink refuses such a batch loudly.
 UNAVAILABLE_WAIT_S = 10.0
+SWAP_CHECK_EVERY_S = 5.0
 
 
 class NoRows(InputPartition):
@@ -97,6 +99,11 @@ class BarrierStreamReader(DataSourceStreamReader):
         self.patience_s = float(options.get("patience_s", "3600"))
         # next-barrier long poll: how long one call may wait for the batch to be ready.
         self.wait_ms = int(options.get("wait_ms", "0"))
+        # A revision job's source of a mirror: while idle, it looks every
+        # SWAP_CHECK_EVERY_S whether the revision was swapped (the mirror renamed), since
+        # an idle query never loads the mirror and would not notice otherwise.
+        self.revision = int(options["revision"]) if "revision" in options else None
+        self._swap_checked = 0.0
         self._client: Any = None
         self._unavailable_logged = False
 
@@ -121,7 +128,7 @@ class BarrierStreamReader(DataSourceStreamReader):
         Admission control (PySpark >= 4.2): Spark passes the start, so the end asked
         for is the one of this batch, not whatever the job's target is by now.
         """
-        from metaservice.client import Unavailable
+        from metaservice.client import ConflictError, Unavailable
         from spark_barrier.report import retry
 
         after = int(start["barrier"])
@@ -133,6 +140,13 @@ class BarrierStreamReader(DataSourceStreamReader):
                 UNAVAILABLE_WAIT_S,
                 f"ask the next barrier of job {self.job}",
             )
+        except ConflictError as exc:
+            if exc.code == "superseded":
+                raise RuntimeError(
+                    f"job {self.job} was replaced by a revision ({exc.message}); the query "
+                    "stops: run the revision's job instead (metaservice revision status)"
+                ) from exc
+            raise
         except Unavailable as exc:
             # No new end without the MetaService: no new batch until it is back.
             if not self._unavailable_logged:
@@ -140,12 +154,25 @@ class BarrierStreamReader(DataSourceStreamReader):
                 self._unavailable_logged = True
             return {"barrier": after}
         self._unavailable_logged = False
+        if answer.barrier == after:
+            self._stop_if_swapped()
         if answer.barrier < after:
             raise RuntimeError(
                 f"the MetaService answered barrier {answer.barrier} for job {self.job}'s "
                 f"batch after {after}: barriers never go back"
             )
         return {"barrier": answer.barrier}
+
+    def _stop_if_swapped(self) -> None:
+        if self.revision is None or time.monotonic() - self._swap_checked < SWAP_CHECK_EVERY_S:
+            return
+        self._swap_checked = time.monotonic()
+        if self._ms().get_revision(self.revision).state == "swapped":
+            from spark_barrier.job import swapped_message
+
+            raise RuntimeError(
+                "revision_swapped: " + swapped_message(self.job, self.revision, [self.table_name])
+            )
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         # The offsets are all Spark needs from this source; the sink reads the rows.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
@@ -16,8 +17,15 @@ PARQUET_TIMESTAMP_TYPE_KEY = "spark.sql.parquet.outputTimestampType"
 PARQUET_TIMESTAMP_TYPE = "TIMESTAMP_MICROS"
 
 
+QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")
+
+
 def local_spark_builder(
-    app_name: str, builder: SparkSession.Builder | None = None, master: str = "local[2]"
+    app_name: str,
+    builder: SparkSession.Builder | None = None,
+    master: str = "local[2]",
+    *,
+    quiet: bool = False,
 ) -> SparkSession.Builder:
     """Configure a `SparkSession.builder` for a small local session (tests, examples).
 
@@ -28,12 +36,19 @@ def local_spark_builder(
     driver's interpreter and a loopback driver address (so a machine whose hostname does not resolve still works).
 
     Pass `builder` to add these settings to a builder you already configured; the
-    builder is returned so further `.config(...)` calls chain.
+    builder is returned so further `.config(...)` calls chain. ``quiet`` starts the
+    driver's JVM logging errors only (`log4j2-quiet.properties`), so none of Spark's
+    start-up INFO and WARN lines reach the terminal; it sets
+    ``spark.driver.extraJavaOptions``.
     """
     # PySpark's SparkContext picks the worker interpreter from PYSPARK_PYTHON (else
     # `python3` on PATH, which may lack pyarrow/pyiceberg); the conf alone is not enough.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     base = builder if builder is not None else SparkSession.builder
+    if quiet:
+        base = base.config(
+            "spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={QUIET_LOG4J.as_uri()}"
+        )
     return (
         base.appName(app_name)
         .master(master)

@@ -3,11 +3,13 @@
 The sink opens a recorder for each batch (:func:`recording`); code on the batch's
 path marks its parts with ``with step("write"): ...``. Outside a batch ``step`` costs
 nothing. When the batch ends the sink logs one line on the ``spark_barrier.steps``
-logger at INFO, with the durations (ms) also in the record's ``steps`` attribute, so
-a benchmark or an operator can collect them with an ordinary logging handler:
+logger at INFO, with the durations (ms) also in the record's ``steps`` attribute and
+the batch's whole time in ``total_ms``, so a benchmark or an operator can collect them
+with an ordinary logging handler:
 
     spark_barrier.steps: build_order_detail batch 12 (barrier 1795...000): plan 4 ms,
-    barrier 31 ms, inputs 85 ms, transform 640 ms, write 1900 ms, commit 410 ms, ...
+    barrier 31 ms, inputs 85 ms, transform 640 ms, write 1900 ms, commit 410 ms, ...;
+    total 3120 ms
 
 Spark is lazy: rows are read and transformed when they are written, so ``write`` holds
 the reading and transforming of a batch's rows (for a CDC sink, ``cdc_check``, its first
@@ -54,16 +56,31 @@ def step(name: str) -> Iterator[None]:
         steps[name] = steps.get(name, 0.0) + (time.perf_counter() - started) * 1000
 
 
-def log_batch(job: str, batch_id: int, barrier: int | None, steps: dict[str, float]) -> None:
-    """One INFO line for the batch; ``record.steps`` holds the durations (ms)."""
+def log_batch(
+    job: str,
+    batch_id: int,
+    barrier: int | None,
+    steps: dict[str, float],
+    total_ms: float | None = None,
+) -> None:
+    """One INFO line for the batch; ``record.steps`` holds the durations (ms) and
+    ``record.total_ms`` the whole batch's wall time on the driver (steps included)."""
     if not steps:
         return
     shown = ", ".join(f"{name} {ms:.0f} ms" for name, ms in steps.items())
+    total = "" if total_ms is None else f"; total {total_ms:.0f} ms"
     log.info(
-        "%s batch %d (barrier %s): %s",
+        "%s batch %d (barrier %s): %s%s",
         job,
         batch_id,
         barrier,
         shown,
-        extra={"steps": dict(steps), "job": job, "batch_id": batch_id, "barrier": barrier},
+        total,
+        extra={
+            "steps": dict(steps),
+            "total_ms": total_ms,
+            "job": job,
+            "batch_id": batch_id,
+            "barrier": barrier,
+        },
     )

@@ -115,7 +115,7 @@ def commit_batch(
             added = write_data_files(rows, folder, table)
         crash_point("after_write", batch_id)  # fault-injection tests only; a no-op otherwise
         if changes is None and not added:
-            delete_folder(folder)
+            delete_folder(folder, table.io)
             return None
         attempt = _attempt(
             spark_df.sparkSession, table, stamp, folder, added, keys, changes, key_filter
@@ -126,17 +126,17 @@ def commit_batch(
             # won the race; re-checked on the refreshed table before every retry of ours.
             done = find_batch_snapshot(table, job, batch_id, query_id)
             if done is not None:
-                delete_folder(folder)  # our attempts did not land: nothing references it
+                delete_folder(folder, table.io)  # our attempts did not land: nothing references it
             return done
 
         try:
             with step("commit"):
                 snapshot = _with_retries(table, max_attempts, should_stop, attempt)
         except NOT_LANDED:
-            delete_folder(folder)
+            delete_folder(folder, table.io)
             raise
     if snapshot is None:
-        delete_folder(folder)  # changes that changed nothing: no snapshot
+        delete_folder(folder, table.io)  # changes that changed nothing: no snapshot
     return snapshot
 
 

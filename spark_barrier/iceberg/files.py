@@ -23,8 +23,8 @@ from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 import pyarrow.fs as pafs
-from pyiceberg.io import load_file_io
-from pyiceberg.io.pyarrow import _dataframe_to_data_files, schema_to_pyarrow
+from pyiceberg.io import FileIO, load_file_io
+from pyiceberg.io.pyarrow import PyArrowFileIO, _dataframe_to_data_files, schema_to_pyarrow
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.locations import load_location_provider
@@ -62,7 +62,29 @@ def write_data_files(df: DataFrame, folder: str, table: Table) -> list[DataFile]
         arrow_schema=schema_to_pyarrow(table.schema(), include_field_ids=False),
     )
     written = df.select(*column_names(table)).mapInArrow(write, _RESULT_DDL).collect()
-    return [_decode_data_file(row["data_file"]) for row in written]
+    files = [_decode_data_file(row["data_file"]) for row in written]
+    for data_file in files:
+        # Written with the table's default spec; the spec id is not part of the file's
+        # own record (nor of its pickle), and pyiceberg's readers look it up.
+        data_file.spec_id = table.metadata.default_spec_id
+    return files
+
+
+def write_arrow_files(rows: pa.Table, folder: str, table: Table) -> list[DataFile]:
+    """Write a few rows already on the driver as data files of `table` under the new
+    `folder`, as the executors' tasks of :func:`write_data_files` would (no Spark job:
+    for the small rewrites of an upsert, see ``upsert``)."""
+    if rows.num_rows == 0:
+        return []
+    arrow_schema = schema_to_pyarrow(table.schema(), include_field_ids=False)
+    conformed = _conform(rows.select(column_names(table)).to_batches(), arrow_schema)
+    metadata = TableMetadataUtil.parse_raw(_writer_metadata(table, folder))
+    files = list(
+        _dataframe_to_data_files(metadata, conformed, table.io, uuid.uuid4(), itertools.count())
+    )
+    for data_file in files:
+        data_file.spec_id = table.metadata.default_spec_id
+    return files
 
 
 def _writer_metadata(table: Table, folder: str) -> str:
@@ -159,15 +181,27 @@ def _decode_data_file(blob: Any) -> DataFile:
     return data_file
 
 
-def delete_folder(folder: str) -> None:
-    """Best-effort removal of files no snapshot references."""
+def delete_folder(folder: str, io: FileIO | None = None) -> None:
+    """Best-effort removal of files no snapshot references.
+
+    Through `io`'s file system when it is pyiceberg's pyarrow FileIO (the table's: an
+    object store's endpoint and credentials are in its properties), else pyarrow's
+    default one for the URI (which knows no custom endpoint)."""
     try:
-        fs, path = pafs.FileSystem.from_uri(folder)
+        fs, path = _file_system(folder, io)
         fs.delete_dir(path)
     except FileNotFoundError:
         pass  # no file was written into it: nothing to remove
     except (OSError, pa.ArrowException) as exc:
         log.warning("could not delete %s: %s", folder, exc)
+
+
+def _file_system(folder: str, io: FileIO | None) -> tuple[pafs.FileSystem, str]:
+    if isinstance(io, PyArrowFileIO):
+        scheme, netloc, path = io.parse_location(folder, io.properties)
+        return io.fs_by_scheme(scheme, netloc), path
+    fs, path = pafs.FileSystem.from_uri(folder)
+    return fs, str(path)
 
 
 def path_key(path: str) -> tuple[str, str, str]:

@@ -1,11 +1,22 @@
-"""Upserts: replacing rows by key, rewriting only the files that hold the batch's keys."""
+"""Upserts: replacing rows by key, rewriting only the files that hold the batch's keys.
+
+Which current files hold a changed key is found by a distributed semi join in Spark,
+or, when the candidate files and the changed keys are small (at most
+``DRIVER_MATCH_MAX_ROWS`` rows, ``DRIVER_MATCH_MAX_FILES`` files, integer or string
+keys), on the driver from the key columns alone (pyiceberg's Arrow reader): the
+answer is the same, and a small table's upsert does not pay a Spark job's fixed
+cost (several hundred ms) to learn it.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.conversions import from_bytes
 from pyiceberg.expressions import (
     AlwaysFalse,
@@ -15,8 +26,10 @@ from pyiceberg.expressions import (
     GreaterThanOrEqual,
     LessThanOrEqual,
 )
+from pyiceberg.io.pyarrow import ArrowScan
 from pyiceberg.manifest import DataFile
-from pyiceberg.table import Table
+from pyiceberg.schema import Schema
+from pyiceberg.table import FileScanTask, Table
 from pyiceberg.types import (
     DateType,
     DecimalType,
@@ -30,7 +43,13 @@ from pyiceberg.types import (
 from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
 
-from spark_barrier.iceberg.files import delete_folder, path_key, spark_path_key, write_data_files
+from spark_barrier.iceberg.files import (
+    delete_folder,
+    path_key,
+    spark_path_key,
+    write_arrow_files,
+    write_data_files,
+)
 from spark_barrier.iceberg.read import read_files
 from spark_barrier.iceberg.scan import data_files
 from spark_barrier.iceberg.transaction import NOT_LANDED, commit_files
@@ -52,6 +71,13 @@ _PRUNABLE_KEY_TYPES = (
 # Key types whose bounds Spark returns as pyiceberg takes them (dates and timestamps
 # would need converting to days and micros).
 _FRAME_BOUND_TYPES = (IntegerType, LongType, StringType, DecimalType)
+
+# The driver finds the files holding the changed keys itself when the candidate files
+# hold at most this many rows in at most this many files, and there are at most this
+# many changed keys, all of these types (whose Arrow values Spark and pyiceberg agree on).
+DRIVER_MATCH_MAX_ROWS = 100_000
+DRIVER_MATCH_MAX_FILES = 64
+_DRIVER_MATCH_KEY_TYPES = (IntegerType, LongType, StringType)
 
 
 def last_row_per_key(df: DataFrame, keys: list[str], order_by: str | None = None) -> DataFrame:
@@ -86,7 +112,15 @@ def upsert_attempt(
     batch = read_files(spark, table, [f.file_path for f in batch_files])
     key_filter = _key_range_filter(table, keys, lambda field: _file_bounds(batch_files, field))
     snapshot = replace_keys_attempt(
-        spark, table, stamp, batch_files, batch.select(*keys), keys, key_filter, rewrite_folder
+        spark,
+        table,
+        stamp,
+        batch_files,
+        batch.select(*keys),
+        keys,
+        key_filter,
+        rewrite_folder,
+        changed_key_files=batch_files,
     )
     assert snapshot is not None  # the batch's own files are always committed
     return snapshot
@@ -101,29 +135,39 @@ def replace_keys_attempt(
     keys: list[str],
     key_filter: BooleanExpression,
     rewrite_folder: str,
+    changed_key_files: list[DataFile] | None = None,
 ) -> int | None:
     """One snapshot that removes every row of `changed_keys` (columns `keys`) from the
     table and adds the files `added`: the current files holding any of those keys
     (among those `key_filter` leaves) are rewritten without them, the others are left
     untouched. An overwrite; a delete when only files are removed. None when there is
-    nothing to commit (no file added, no row removed)."""
+    nothing to commit (no file added, no row removed). `changed_key_files`: data files
+    whose keys are exactly `changed_keys` (an upsert's batch), which the driver can
+    read instead of asking Spark for the keys."""
     batch_keys = changed_keys.select(*[F.col(k).alias(_key_alias(i)) for i, k in enumerate(keys)])
     with step("commit.match"):
         candidates = data_files(table, None, key_filter)
-        affected = _files_with_keys(spark, table, candidates, batch_keys, keys)
+        small = _match_on_driver(table, candidates, changed_keys, keys, changed_key_files)
+        if small is not None:
+            affected = small.affected
+        else:
+            affected = _files_with_keys(spark, table, candidates, batch_keys, keys)
     if not affected:
         with step("commit.iceberg"):
             return commit_files(table, stamp, added, []) if added else None
     try:
-        kept = read_files(spark, table, [f.file_path for f in affected]).join(
-            batch_keys, _key_match(keys), "left_anti"
-        )
         with step("commit.rewrite"):
-            rewritten = write_data_files(kept, rewrite_folder, table)
+            if small is not None:
+                rewritten = small.rewrite(table, keys, rewrite_folder)
+            else:
+                kept = read_files(spark, table, [f.file_path for f in affected]).join(
+                    batch_keys, _key_match(keys), "left_anti"
+                )
+                rewritten = write_data_files(kept, rewrite_folder, table)
         with step("commit.iceberg"):
             return commit_files(table, stamp, added + rewritten, affected)
     except NOT_LANDED:
-        delete_folder(rewrite_folder)
+        delete_folder(rewrite_folder, table.io)
         raise
 
 
@@ -149,6 +193,100 @@ def _files_with_keys(
         .collect()
     )
     return [by_path[spark_path_key(row["__ms_file"])] for row in hits]
+
+
+@dataclass(frozen=True)
+class _SmallMatch:
+    """The files holding changed keys, found on the driver, and the keys (Arrow)."""
+
+    affected: list[DataFile]
+    changed: pa.Table
+
+    def rewrite(self, table: Table, keys: list[str], folder: str) -> list[DataFile]:
+        """The affected files without the changed keys' rows, rewritten on the driver
+        (they hold few rows: see DRIVER_MATCH_MAX_ROWS) into `folder`."""
+        rows = _read(table, self.affected, table.schema())
+        # Joined on the keys and a row number only: other columns may be of types
+        # Arrow's join cannot carry.
+        numbered = _with_plain_keys(rows.select(keys), keys).append_column(
+            "__ms_row", pa.array(range(rows.num_rows), pa.int64())
+        )
+        probe = self.changed.select(keys).cast(numbered.select(keys).schema)
+        hit = numbered.join(probe, keys=keys, join_type="left semi").column("__ms_row")
+        kept = pc.invert(pc.is_in(numbered.column("__ms_row"), value_set=hit.combine_chunks()))
+        return write_arrow_files(rows.filter(kept), folder, table)
+
+
+def _match_on_driver(
+    table: Table,
+    candidates: list[DataFile],
+    changed_keys: DataFrame,
+    keys: list[str],
+    changed_key_files: list[DataFile] | None,
+) -> _SmallMatch | None:
+    """The candidate files holding at least one changed key, found on the driver from
+    the key columns only; None when it is a job for Spark (too many rows or files, a
+    key type or a null key whose matching Spark's null-safe join must decide)."""
+    schema = table.schema()
+    if not all(isinstance(schema.find_field(k).field_type, _DRIVER_MATCH_KEY_TYPES) for k in keys):
+        return None
+    if len(candidates) > DRIVER_MATCH_MAX_FILES or _rows(candidates) > DRIVER_MATCH_MAX_ROWS:
+        return None
+    if not candidates:
+        return _SmallMatch([], pa.table({}))
+    if changed_key_files is not None:
+        if _rows(changed_key_files) > DRIVER_MATCH_MAX_ROWS:
+            return None
+        wanted = _key_columns(table, changed_key_files, keys)
+    else:
+        # One small Spark job (the changes are cached while the batch commits), which
+        # stops after the limit: more keys than that are matched by Spark.
+        wanted = changed_keys.select(*keys).limit(DRIVER_MATCH_MAX_ROWS + 1).toArrow()
+        if wanted.num_rows > DRIVER_MATCH_MAX_ROWS:
+            return None
+    if any(wanted.column(k).null_count for k in keys):
+        return None
+    affected = []
+    for data_file in candidates:
+        held = _key_columns(table, [data_file], keys)
+        probe = wanted.select(keys).cast(held.schema)
+        if held.join(probe, keys=keys, join_type="left semi").num_rows:
+            affected.append(data_file)
+    return _SmallMatch(affected, wanted)
+
+
+def _rows(files: list[DataFile]) -> int:
+    return sum(f.record_count for f in files)
+
+
+def _read(table: Table, files: list[DataFile], schema: Schema) -> pa.Table:
+    """Columns `schema` of `files`, read by pyiceberg (field ids, name mapping, FileIO)."""
+    scan = ArrowScan(table.metadata, table.io, schema, AlwaysTrue())
+    return scan.to_table([FileScanTask(f) for f in files])
+
+
+def _key_columns(table: Table, files: list[DataFile], keys: list[str]) -> pa.Table:
+    return _with_plain_keys(_read(table, files, table.schema().select(*keys)), keys)
+
+
+def _with_plain_keys(rows: pa.Table, keys: list[str]) -> pa.Table:
+    """`rows` with its key columns as plain values: pyiceberg may hand strings back
+    dictionary-encoded or as large strings, and a join needs both sides alike."""
+    for key in keys:
+        i = rows.schema.get_field_index(key)
+        plain = _plain(rows.schema.field(key).type)
+        rows = rows.set_column(
+            i, rows.schema.field(key).with_type(plain), rows.column(key).cast(plain)
+        )
+    return rows
+
+
+def _plain(arrow_type: pa.DataType) -> pa.DataType:
+    if pa.types.is_dictionary(arrow_type):
+        arrow_type = arrow_type.value_type
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+        return pa.large_string()
+    return arrow_type
 
 
 def _key_alias(i: int) -> str:

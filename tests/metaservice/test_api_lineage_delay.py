@@ -348,7 +348,8 @@ def test_delay_critical_path_follows_the_slowest_input(client, clock):
     assert delay["critical_path"][0]["slowest_input"] == "ods.items"
     assert delay["critical_path"][0]["input_frontier"] == T0 - SLOT
     assert delay["critical_path"][1]["contribution_ms"] == 4000
-    assert sum(j["contribution_ms"] for j in delay["critical_path"]) == delay["delay_ms"]
+    # der never committed: no delay and no contribution of its own, not the epoch's age
+    assert (delay["delay_ms"], delay["critical_path"][0]["contribution_ms"]) == (None, None)
     assert {j["job"] for j in delay["jobs"]} == {"der", "src", "src2"}
     # once src2 commits, src is the slowest input
     commit(client, "src2", 0, T0, "ods.items", 2)
@@ -357,7 +358,7 @@ def test_delay_critical_path_follows_the_slowest_input(client, clock):
     clock.advance(SLOT)
     delay = get_json(client, "/delay", table="dw.detail")
     assert [j["job"] for j in delay["critical_path"]] == ["der", "src"]
-    assert sum(j["contribution_ms"] for j in delay["critical_path"]) == delay["delay_ms"]
+    assert delay["critical_path"][1]["contribution_ms"] == 2000
 
 
 def test_delay_names_the_output_of_a_multi_output_job_that_is_on_the_path(client, clock):
@@ -376,7 +377,7 @@ def test_delay_names_the_output_of_a_multi_output_job_that_is_on_the_path(client
         ("der", "dw.b", ["dw.a", "dw.b"]),
         ("src", "ods.orders", ["ods.orders"]),
     ]
-    assert sum(j["contribution_ms"] for j in delay["critical_path"]) == delay["delay_ms"]
+    assert delay["delay_ms"] is None  # agg never committed
     assert {j["job"]: j["output"] for j in delay["jobs"]} == {
         "agg": "dws.c",
         "der": "dw.b",
@@ -409,3 +410,36 @@ def test_delay_bad_tables_give_4xx(client, db_url):
         r = client.get(f"{API}/delay", params={"table": "ods.orphan"})
         assert_error(r, 409, "no_writer", field="table")
         assert_error(client.get(f"{API}/delay"), 422, "invalid_request", field="table")
+
+
+def test_a_table_that_never_committed_has_a_null_frontier_and_delay_not_the_epochs_age(
+    client, clock
+):
+    """der was registered and committed nothing: no data yet, everywhere the API says it;
+    its first commit gives it numbers."""
+    put_job(client, "src", ["ods.orders"])
+    put_job(client, "der", ["dw.detail"], inputs=["ods.orders"])
+    clock.advance(2500)
+    for view in (get_json(client, "/tables/dw.detail"), get_json(client, "/tables")["items"][0]):
+        assert view["name"] == "dw.detail" and view["writer"] == "der"
+        assert (view["frontier"], view["delay_ms"]) == (None, None)
+    source = get_json(client, "/tables/ods.orders")  # an idle source follows the clock
+    assert (source["frontier"], source["delay_ms"]) == (T0 + SLOT, 1500)
+    delay = get_json(client, "/delay", table="dw.detail")
+    assert (delay["frontier"], delay["delay_ms"]) == (None, None)
+    assert [
+        (j["job"], j["output_frontier"], j["contribution_ms"]) for j in delay["critical_path"]
+    ] == [
+        ("der", 0, None),
+        ("src", T0 + SLOT, 1500),
+    ]
+    assert [j["job"] for j in delay["jobs"]] == ["der", "src"]  # no data yet comes first
+
+    first = run_batch(client, "der", 0, {"dw.detail": 201})
+    clock.advance(SLOT)
+    now = get_json(client, "/delay", table="dw.detail")["now_ms"]
+    view = get_json(client, "/tables/dw.detail")
+    assert (view["frontier"], view["delay_ms"]) == (first, now - first)
+    delay = get_json(client, "/delay", table="dw.detail")
+    assert (delay["frontier"], delay["delay_ms"]) == (first, now - first)
+    assert sum(j["contribution_ms"] for j in delay["critical_path"]) == delay["delay_ms"]

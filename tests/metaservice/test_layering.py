@@ -126,9 +126,12 @@ def test_client_and_wire_schemas_import_without_server_or_spark(tmp_path: Path) 
         import metaservice, metaservice.client, metaservice.contract
         import metaservice.schemas_common
         from metaservice import (
-            auth, barriers, delay, lifecycle, lineage, reconcile, topology, versions,
+            auth, barriers, delay, lifecycle, lineage, reconcile, revisions, topology, versions,
         )
-        for feature in (auth, barriers, delay, lifecycle, lineage, reconcile, topology, versions):
+        features = (
+            auth, barriers, delay, lifecycle, lineage, reconcile, revisions, topology, versions,
+        )
+        for feature in features:
             __import__(feature.__name__ + ".schemas")
         print(json.dumps({"server_code": server_code(), "version": metaservice.__version__}))
         """,
@@ -150,7 +153,21 @@ QUERY_COMMANDS = [
     ["consistent"],
     ["delay"],
     ["expirable"],
+    ["snapshots"],
+    ["job", "show"],
+    ["job", "delete"],
+    ["job", "release-grant"],
     ["batch", "abandon"],
+    ["lease", "create"],
+    ["lease", "release"],
+    ["expire"],
+    ["tag"],
+    ["tags"],
+    ["untag"],
+    ["revision", "create"],
+    ["revision", "status"],
+    ["revision", "swap"],
+    ["revision", "cancel"],
 ]
 
 
@@ -215,8 +232,13 @@ def test_cli_queries_a_running_service_without_server_deps(tmp_path: Path) -> No
             assert {t.name for t in ms.all_tables()} == {"ods.orders", "dwd.detail"}
 
     assert tables.returncode == 0, tables.stderr
-    assert "2 tables" in tables.stdout
-    assert "ods.orders" in tables.stdout and "dwd.detail" in tables.stdout
+    # piped: the header and one line per table on stdout, the title on stderr
+    assert "2 tables" in tables.stderr
+    assert [line.split()[0] for line in tables.stdout.splitlines()] == [
+        "table",
+        "dwd.detail",
+        "ods.orders",
+    ]
     assert lineage.returncode == 0, lineage.stderr
     assert "job enrich" in lineage.stdout and "ods.orders" in lineage.stdout
 

@@ -41,10 +41,11 @@ class Service:
 
 @pytest.fixture
 def service(tmp_path: Path) -> Iterator[Service]:
-    """A real MetaService over HTTP on a free loopback port; its SQLite file is the catalog."""
+    """A real MetaService over HTTP on a free loopback port (port=0: not the default
+    8765, which a test on another pytest worker may hold); its SQLite file is the catalog."""
     db_url = f"sqlite:///{tmp_path / 'metaservice.db'}"
     warehouse = str(tmp_path / "tables")
-    settings = Settings(db_url=db_url, warehouse=warehouse, barrier_interval_ms=500)
+    settings = Settings(db_url=db_url, warehouse=warehouse, barrier_interval_ms=500, port=0)
     with EmbeddedMetaService(settings) as url, MetaServiceClient(url) as client:
         yield Service(
             url, db_url, warehouse, tmp_path / "state", client, open_catalog(db_url, warehouse)

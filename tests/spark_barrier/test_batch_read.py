@@ -154,3 +154,35 @@ def test_the_jobs_own_output_reads_as_of_the_batch_start(service: Any, tmp_path:
     client.delete_lease(version.lease_id)
     before_any = BatchContext(enrich, batch_id=0, barrier=first.barrier, start_barrier=0)
     assert enrich.version_in_batch(before_any, "dw.detail") is None
+
+
+def test_the_jobs_own_output_reads_at_a_start_its_history_skips_once_final_there(
+    service: Any, tmp_path: Path
+) -> None:
+    """A batch may start at an end Spark planned while the MetaService advanced the idle
+    job past it, so that barrier is not in the output's history; the output is final
+    there, and its state is that of the job's last version before it."""
+    client, clock = service
+    enrich = job(client, tmp_path, patience_s=5)
+    for source, table in (("src_orders", "ods.orders"), ("src_items", "ods.items")):
+        barrier = client.batch_barrier(source, 0).barrier
+        client.report_commit(source, 0, barrier, table, 10)
+    clock.advance(2 * SLOT)
+    first = client.batch_barrier("enrich", 0)
+    client.report_commit("enrich", 0, first.barrier, "dw.detail", 77)
+    clock.advance(5 * SLOT)
+    for source, table in (("src_orders", "ods.orders"), ("src_items", "ods.items")):
+        later = client.batch_barrier(source, 1).barrier
+        client.report_commit(source, 1, later, table, None)
+    clock.advance(2 * SLOT)
+    client.consistent_version(["dw.detail"])  # advances the idle job past `skipped`
+    skipped = first.barrier + SLOT
+    history = [s.barrier for s in client.table_snapshots("dw.detail").items]
+    assert skipped not in history
+    assert client.get_table("dw.detail").frontier > skipped
+
+    ctx = BatchContext(enrich, batch_id=1, barrier=skipped + SLOT, start_barrier=skipped)
+    version = enrich.version_in_batch(ctx, "dw.detail")
+
+    assert version is not None and version.barrier <= skipped
+    assert version.snapshots == {"dw.detail": 77} and version.lease_id is not None

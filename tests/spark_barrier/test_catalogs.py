@@ -23,6 +23,7 @@ import pyarrow as pa
 import pytest
 from fastapi.testclient import TestClient
 from pyiceberg.catalog import Catalog
+from pyiceberg.io import load_file_io
 from pyiceberg.types import StringType
 from sqlalchemy import create_engine, make_url, text
 
@@ -36,6 +37,7 @@ from spark_barrier.iceberg.catalog import (
     normalised_properties,
     sql_catalog_properties,
 )
+from spark_barrier.iceberg.files import delete_folder
 from tests.conftest import START_MS, pg_base_url
 from tests.s3 import S3Server, closed_port
 from tests.spark_barrier.pipeline import NUMBERS_SCHEMA, DrivenSource, Service, ids_of
@@ -170,6 +172,23 @@ def s3_sql_catalog(tmp_path: Path, s3: S3Server) -> dict[str, str]:
         "warehouse": s3.warehouse(f"wh-{uuid.uuid4().hex[:8]}"),
         **s3.properties,
     }
+
+
+def test_a_batch_folder_on_s3_is_deleted_through_the_tables_endpoint(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    properties = s3_sql_catalog(tmp_path, s3_server)
+    folder = f"{properties['warehouse']}/ods/orders/data/batch-ingest-7-abc"
+    io = load_file_io(properties, properties["warehouse"])
+    for name in ("a.parquet", "rewrite-1/b.parquet"):
+        with io.new_output(f"{folder}/{name}").create() as out:
+            out.write(b"not referenced by any snapshot")
+    assert len(s3_server.keys(folder)) == 2
+
+    delete_folder(folder, io)  # pyarrow's default S3 endpoint is not the server's
+
+    assert s3_server.keys(folder) == []
+    delete_folder(folder, io)  # gone already: quietly nothing
 
 
 def test_reconcile_reads_the_stamps_of_tables_on_s3_without_pyspark(

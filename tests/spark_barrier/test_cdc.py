@@ -14,6 +14,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
 import spark_barrier
+from spark_barrier.iceberg import upsert
 from spark_barrier.iceberg.catalog import ensure_table
 from spark_barrier.iceberg.cdc import CdcInputError
 from spark_barrier.iceberg.commit import commit_batch
@@ -118,7 +119,12 @@ def test_without_order_by_the_last_record_of_a_key_in_the_batch_wins(changes: Ch
     assert rows_of(changes.table) == {}
 
 
-def test_only_the_files_holding_changed_keys_are_rewritten(changes: Changes) -> None:
+@pytest.mark.parametrize("on_driver", [True, False], ids=["match on the driver", "in Spark"])
+def test_only_the_files_holding_changed_keys_are_rewritten(
+    changes: Changes, on_driver: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not on_driver:
+        monkeypatch.setattr(upsert, "DRIVER_MATCH_MAX_ROWS", 0)
     table = changes.table
     changes.apply([(i, "placed", i, "I", i) for i in range(1, 4)])
     low = set(data_file_paths(table))

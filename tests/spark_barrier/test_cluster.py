@@ -36,6 +36,13 @@ def run_smoke_driver(cluster: StandaloneCluster, out: Path) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
+def _tail(log: Path, lines: int = 120) -> str:
+    """The end of a driver's output, its own lines before Spark's (they are interleaved)."""
+    text = log.read_text().splitlines()
+    own = [line for line in text if not line.startswith(("WARN", "WARNING", "\tat ", "26/"))]
+    return "\n".join(own[-lines:])
+
+
 def worker_of(task: dict[str, Any], cluster: StandaloneCluster) -> int:
     """The index of the cluster worker whose executor ran `task`, from the task's working
     folder (an executor runs in <work-dir>/<app-id>/<executor-id>)."""
@@ -85,24 +92,31 @@ def test_demo_pipeline_runs_on_the_cluster_with_its_tables_on_s3(
             for key, value in s3_server.properties.items()
             for a in ("--catalog-property", f"{key}={value}")
         ],
-        *("--duration", "45", "--check-every", "10", "--orders-per-second", "20"),
+        *("--duration", "20", "--check-every", "8", "--min-checks", "2"),
+        *("--orders-per-second", "20"),
     ]
-    done = subprocess.run(
-        [sys.executable, "-m", "examples.streaming_warehouse", *args],
-        cwd=REPO_ROOT,
-        env=spark_cluster.driver_env(),
-        timeout=400,
-        capture_output=True,
-        text=True,
-    )
-    output = done.stdout + "\n" + done.stderr[-6000:]
-    assert done.returncode == 0, (
-        f"demo exited with {done.returncode}:\n{output}\n{spark_cluster.logs()}"
-    )
-    checks = re.search(r"checks at consistent versions: (\d+), failed: (\d+)", done.stdout)
-    assert checks is not None, output
-    assert int(checks.group(1)) >= 3 and checks.group(2) == "0", output
-    assert "Spark master: " + spark_cluster.master_url in done.stdout
+    log = tmp_path / "demo.log"
+    with log.open("w") as out:
+        demo = subprocess.Popen(
+            [sys.executable, "-m", "examples.streaming_warehouse", *args],
+            cwd=REPO_ROOT,
+            env={**spark_cluster.driver_env(), "PYTHONUNBUFFERED": "1"},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            returncode = demo.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            demo.kill()
+            demo.wait()
+            pytest.fail(f"demo still running after 600 s:\n{_tail(log)}\n{spark_cluster.logs()}")
+    output = log.read_text()
+    assert returncode == 0, f"demo exited with {returncode}:\n{_tail(log)}\n{spark_cluster.logs()}"
+    checks = re.search(r"checks at consistent versions: (\d+), failed: (\d+)", output)
+    assert checks is not None, _tail(log)
+    assert int(checks.group(1)) >= 3 and checks.group(2) == "0", _tail(log)
+    assert "Spark master: " + spark_cluster.master_url in output
     data_files = [k for k in s3_server.keys(tables) if k.endswith(".parquet")]
     for table in ("orders", "items", "order_detail", "item_revenue"):
         assert any(f"/{table}/" in k for k in data_files), f"no data files of {table} on S3"

@@ -21,6 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from spark_barrier.iceberg import upsert
 from spark_barrier.iceberg.catalog import ensure_table
 from spark_barrier.iceberg.commit import commit_batch
 from spark_barrier.iceberg.read import read_appended, read_snapshot
@@ -254,8 +255,17 @@ def _file_of_key(spark: SparkSession, table: Table) -> dict[int, str]:
     }
 
 
+@pytest.fixture(params=["on the driver", "in Spark"])
+def key_match(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Where an upsert finds the files holding its keys: small tables on the driver,
+    others in Spark; "in Spark" makes every table too big for the driver."""
+    if request.param == "in Spark":
+        monkeypatch.setattr(upsert, "DRIVER_MATCH_MAX_ROWS", 0)
+    return str(request.param)
+
+
 def test_upsert_keeps_latest_value_and_untouched_files(
-    spark: SparkSession, catalog: Catalog
+    spark: SparkSession, catalog: Catalog, key_match: str
 ) -> None:
     table = _kv_table(catalog)
     up = {"mode": "upsert", "key_columns": ["id"]}
@@ -282,6 +292,34 @@ def test_upsert_keeps_latest_value_and_untouched_files(
     # An upsert table is not append-only: incremental reads refuse the overwrite range.
     with pytest.raises(ValueError, match="append-only"):
         read_appended(spark, table, None, s3)
+
+
+def test_the_driver_finds_the_files_holding_keys_as_spark_does(
+    spark: SparkSession, catalog: Catalog
+) -> None:
+    table = _kv_table(catalog)
+    _commit(_kv(spark, [(i, "a") for i in range(10)]), table, 1)
+    _commit(_kv(spark, [(i, "b") for i in range(100, 110)]), table, 2)
+    _commit(_kv(spark, [(5, "c"), (200, "c")]), table, 3)
+    candidates = upsert.data_files(table, None)
+    assert len(candidates) >= 3
+
+    def both(keys: list[int | None]) -> tuple[list[str] | None, list[str]]:
+        changed = spark.createDataFrame([(k,) for k in keys], "id long")
+        on_driver = upsert._match_on_driver(table, candidates, changed, ["id"], None)
+        aliased = changed.select(F.col("id").alias(upsert._key_alias(0)))
+        in_spark = upsert._files_with_keys(spark, table, candidates, aliased, ["id"])
+        driver_paths = (
+            None if on_driver is None else sorted(f.file_path for f in on_driver.affected)
+        )
+        return driver_paths, sorted(f.file_path for f in in_spark)
+
+    for keys in ([5], [105, 7], [200], [999], [5, 105, 200]):
+        on_driver, in_spark = both(keys)  # type: ignore[arg-type]
+        assert on_driver == in_spark, keys
+    assert len(both([5])[1]) == 2  # the first batch's file and the third's
+    # A null key is Spark's to match (null-safe equality); so is a table too big.
+    assert both([5, None])[0] is None
 
 
 def test_upsert_treats_null_as_a_key(spark: SparkSession, catalog: Catalog) -> None:

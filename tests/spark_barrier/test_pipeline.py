@@ -44,6 +44,37 @@ def _stop(queries, jobs) -> None:  # type: ignore[no-untyped-def]
         job.close()
 
 
+def test_the_demo_check_finds_each_kind_of_disagreement(spark) -> None:  # type: ignore[no-untyped-def]
+    """`wp.check` compares in the driver; each way the tables can disagree is counted."""
+    from decimal import Decimal as D
+
+    def tables(orders, detail, revenue):  # type: ignore[no-untyped-def]
+        return {
+            wp.ORDERS: spark.createDataFrame([(o,) for o in orders], "order_id long"),
+            wp.DETAIL: spark.createDataFrame(
+                detail, "order_id long, item_id long, amount decimal(18,2)"
+            ),
+            wp.REVENUE: spark.createDataFrame(
+                revenue, "item_id long, revenue decimal(18,2), order_count long"
+            ),
+        }
+
+    detail = [(1, 7, D("2.50")), (2, 7, D("1.25")), (3, 8, D("4.00"))]
+    revenue = [(7, D("3.75"), 2), (8, D("4.00"), 1)]
+    assert wp.check(tables([1, 2, 3], detail, revenue)).ok
+
+    wrong = wp.check(tables([1, 2, 3], detail, [(7, D("3.70"), 2), (8, D("4.00"), 2)]))
+    assert (wrong.items, wrong.revenue_wrong, wrong.count_wrong) == (2, 1, 1)
+    doubled = wp.check(tables([1, 2, 3], detail, [*revenue, (8, D("4.00"), 1)]))
+    assert (doubled.revenue_wrong, doubled.count_wrong) == (1, 1)
+    unknown_item = wp.check(tables([1, 2, 3], detail, [*revenue, (9, D("0.00"), 1)]))
+    assert (unknown_item.items, unknown_item.count_wrong) == (3, 1)
+    missing = wp.check(tables([1, 2, 3, 4], detail, revenue))
+    assert (missing.orders_missing, missing.orders_extra, missing.ok) == (1, 0, False)
+    extra = wp.check(tables([1, 2], detail, revenue))
+    assert (extra.orders_missing, extra.orders_extra) == (0, 1)
+
+
 @pytest.mark.slow
 def test_demo_cdc_pipeline_is_right_at_every_consistent_version(spark, service, caplog):
     """The demo's pipeline (CDC with updates and deletes, partitioned ODS tables,
