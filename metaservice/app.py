@@ -15,6 +15,7 @@ from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from metaservice import __version__
 from metaservice.auth.endpoints import router as auth_router
 from metaservice.barriers.endpoints import router as barriers_router
 from metaservice.clock import Clock, SystemClock
@@ -22,16 +23,23 @@ from metaservice.context import Context
 from metaservice.db import Database, database_unreachable
 from metaservice.delay.endpoints import router as delay_router
 from metaservice.deps import Services
+from metaservice.docs import install_docs, operation_id
 from metaservice.errors import ServiceError
 from metaservice.lifecycle.endpoints import router as lifecycle_router
 from metaservice.lifecycle.schedule import start_schedule
 from metaservice.lineage.endpoints import router as lineage_router
-from metaservice.metrics import REQUESTS
+from metaservice.logs import RequestId
+from metaservice.metrics import REQUESTS, observe_version_request
+from metaservice.openlineage.emit import start_emitting
+from metaservice.openlineage.endpoints import router as openlineage_router
 from metaservice.ops.endpoints import router as ops_router
+from metaservice.revisions.endpoints import router as revisions_router
 from metaservice.schemas_common import error_responses
 from metaservice.settings import Settings
 from metaservice.topology.endpoints import router as topology_router
+from metaservice.ui import install_console
 from metaservice.versions.endpoints import router as versions_router
+from metaservice.versions.tags.endpoints import router as tags_router
 
 log = logging.getLogger("metaservice")
 API_PREFIX = "/api/v1"
@@ -57,33 +65,46 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
             "MetaService ready on database %s", db.engine.url.render_as_string(hide_password=True)
         )
         schedule = start_schedule(db, app.state.services.ctx)
+        emitting = start_emitting(db, app.state.services.ctx)
         try:
             yield
         finally:
+            if emitting is not None:
+                emitting.stop()
             if schedule is not None:
                 schedule.stop()
             db.dispose()
 
     app = FastAPI(
         title="MetaService",
-        version="0.1.0",
+        version=__version__,
         summary="Timestamp barriers, lineage and consistent versions for Spark streaming on Iceberg",
         lifespan=lifespan,
+        # Served from the package below, not from a CDN: /docs works offline.
+        docs_url=None,
+        redoc_url=None,
+        generate_unique_id_function=operation_id,
     )
     for router in (
         topology_router,
         barriers_router,
         versions_router,
+        tags_router,
+        revisions_router,
         lineage_router,
+        openlineage_router,
         delay_router,
         lifecycle_router,
         auth_router,
     ):
         app.include_router(router, prefix=API_PREFIX, responses=API_ERRORS)
     app.include_router(ops_router)
+    install_docs(app)
+    install_console(app, API_PREFIX)  # the web console at /ui and its read endpoint
     _install_error_handlers(app)
     app.middleware("http")(_observe)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestId)  # outermost: every answer carries its X-Request-ID
     return app
 
 
@@ -144,9 +165,10 @@ def _install_error_handlers(app: FastAPI) -> None:
 async def _observe(request: Request, call_next: Callable[[Request], Awaitable[Any]]) -> Any:
     start = time.perf_counter()
     response = await call_next(request)
-    REQUESTS.labels(request.method, _route_label(request), str(response.status_code)).observe(
-        time.perf_counter() - start
-    )
+    seconds = time.perf_counter() - start
+    route = _route_label(request)
+    REQUESTS.labels(request.method, route, str(response.status_code)).observe(seconds)
+    observe_version_request(route, request.method, response.status_code, seconds)
     return response
 
 

@@ -1,33 +1,52 @@
 """``metaservice``: run the service, migrate its database, and query a running one.
 
-The query commands (``tables``, ``topology``, ``lineage``, ``consistent``, ``delay``,
-``expirable``, ``batch``) talk to a running MetaService through the client and need
-the base install only. The commands that run the server's code (``start``, ``db``,
-``token``, ``reconcile``) import it inside the command, and say which extra to
-install when it is missing (:func:`_needs_server`).
+The query commands (``tables``, ``topology``, ``snapshots``, ``lineage``, ``consistent``,
+``delay``, ``expirable``, ``job``, ``batch``, ``lease``, ``expire``, ``tag``, ``tags``,
+``untag``, ``revision``) talk to a running MetaService through the client and need the base
+install only; each prints a table or, with ``--output json``, the API's answer
+(:mod:`metaservice.cli_output` holds what they share). The commands that run
+the server's code (``start``, ``db``, ``token``, ``reconcile``) import it inside the
+command, and say which extra to install when it is missing (:func:`_needs_server`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import enum
 import functools
 import logging
+import logging.config
+import math
 import os
-from collections.abc import Callable
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table as RichTable
 from rich.tree import Tree
 
 from metaservice import __version__
+from metaservice import cli_output as fmt
 from metaservice.auth.schemas import Role
+from metaservice.cli_output import (
+    DEFAULT_URL,
+    Output,
+    OutputOption,
+    Printer,
+    TokenOption,
+    UrlOption,
+    printer,
+)
 from metaservice.client import MetaServiceClient, MetaServiceError
 from metaservice.lifecycle.cli import ExpireEveryOption
 from metaservice.lifecycle.cli import expire as expire_command
+from metaservice.lineage.schemas import SnapshotLineage
 from metaservice.reconcile.schemas import ReconcileReport
+from metaservice.revisions import cli as revisions_cli
+from metaservice.versions.schemas import ConsistentVersion
+from metaservice.versions.tags import cli as tags_cli
 
 if TYPE_CHECKING:
     from metaservice.context import Context
@@ -43,6 +62,7 @@ SERVER_MODULES = frozenset(
     {
         "alembic",
         "fastapi",
+        "fastapi_offline",
         "networkx",
         "prometheus_client",
         "psycopg",
@@ -74,20 +94,34 @@ DbOption = Annotated[
         show_default=False,
     ),
 ]
-UrlOption = Annotated[
-    str,
-    typer.Option("--url", envvar="METASERVICE_URL", help="Base URL of a running MetaService."),
-]
-TokenOption = Annotated[
-    str | None,
-    typer.Option("--token", envvar="METASERVICE_TOKEN", help="Bearer token, when auth is on."),
-]
+
+
+class LogFormat(enum.StrEnum):  # metaservice.logs.FORMATS, without importing the server
+    text = "text"
+    json = "json"
 
 
 def _settings(**overrides: object) -> Settings:
-    from metaservice.settings import Settings
+    """The settings: these flags (``None``: not given), then the environment, then the
+    config file; a wrong value anywhere is exit status 2 with the key and the problem."""
+    from pydantic import ValidationError
 
-    return Settings(**{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
+    from metaservice.settings import ConfigFileError, Settings
+
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
+    except ConfigFileError as exc:
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(code=2) from None
+    except ValidationError as exc:
+        for problem in exc.errors():
+            key = ".".join(str(part) for part in problem["loc"])
+            err.print(
+                f"[bold red]error:[/] setting {escape(key)}: {escape(problem['msg'])} "
+                f"(got {escape(repr(problem['input']))})",
+                soft_wrap=True,
+            )
+        raise typer.Exit(code=2) from None
 
 
 def _fail(message: str) -> typer.Exit:
@@ -163,23 +197,14 @@ def _key_values(option: str, pairs: list[str]) -> dict[str, str]:
     return dict(pair.split("=", 1) for pair in pairs)
 
 
-def _client(url: str, token: str | None) -> MetaServiceClient:
-    return MetaServiceClient(url, token=token)
-
-
-def _time(ms: int | None) -> str:
-    if not ms:
-        return "never"
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
-
-
-def _duration(ms: int | None) -> str:
-    if ms is None:
-        return "-"
-    if abs(ms) < 1000:
-        return f"{ms} ms"
-    seconds = ms / 1000
-    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+@contextlib.contextmanager
+def _calling(url: str, token: str | None) -> Iterator[MetaServiceClient]:
+    """A client of the service at ``url``; an error of the service is the command's error."""
+    try:
+        with MetaServiceClient(url, token=token) as ms:
+            yield ms
+    except MetaServiceError as exc:
+        raise fmt.fail(str(exc)) from exc
 
 
 @app.command()
@@ -192,7 +217,27 @@ def start(
         int | None, typer.Option(help="Barrier clock slot width in ms (default 1000)")
     ] = None,
     workers: Annotated[int, typer.Option(help="Worker processes (uvicorn)")] = 1,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning, error")] = "info",
+    log_level: Annotated[
+        str | None, typer.Option(help="debug, info, warning, error (default info)")
+    ] = None,
+    log_format: Annotated[
+        LogFormat | None,
+        typer.Option(
+            case_sensitive=False,
+            help="text, or json: one JSON object per line, uvicorn's access log included "
+            "(default text)",
+        ),
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            envvar="METASERVICE_CONFIG",
+            dir_okay=False,
+            help="TOML file of settings (keys as the METASERVICE_* variables, lower case, "
+            "without the prefix); flags and variables take precedence over it",
+        ),
+    ] = None,
     auth_required: Annotated[
         bool,
         typer.Option(
@@ -217,12 +262,25 @@ def start(
         ),
     ] = False,
     expire_every: ExpireEveryOption = None,
+    openlineage_url: Annotated[
+        str | None,
+        typer.Option(
+            help="Emit OpenLineage events for the barrier jobs to this backend, e.g. "
+            "http://marquez:5000 (METASERVICE_OPENLINEAGE_URL; key: "
+            "METASERVICE_OPENLINEAGE_API_KEY)",
+        ),
+    ] = None,
 ) -> None:
     """Start the MetaService, applying database migrations first if it is behind."""
     import uvicorn
 
+    from metaservice.logs import log_config
+    from metaservice.metrics import share_between_workers
     from metaservice.migrate import upgrade
+    from metaservice.settings import CONFIG_ENV
 
+    if config is not None:  # read by Settings, here and in every worker
+        os.environ[CONFIG_ENV] = str(config)
     settings = _settings(
         port=port,
         host=host,
@@ -230,14 +288,16 @@ def start(
         barrier_interval_ms=barrier_interval_ms,
         auth_required=auth_required or None,
         expire_every_seconds=expire_every,
+        openlineage_url=openlineage_url,
+        log_level=log_level,
+        log_format=log_format and log_format.value,
     )
     if settings.expire_every_seconds:
         import metaservice.lifecycle.iceberg  # noqa: F401 (the schedule needs pyiceberg)
     if (ssl_keyfile is None) != (ssl_certfile is None):
         raise _fail("--ssl-keyfile and --ssl-certfile go together")
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs = log_config(settings.log_level, settings.log_format)
+    logging.config.dictConfig(logs)
     try:
         revision = upgrade(settings.db_url)
     except Exception as exc:
@@ -259,6 +319,10 @@ def start(
         os.environ[f"METASERVICE_{key}"] = str(value)
     if settings.auth_required:
         os.environ["METASERVICE_AUTH_REQUIRED"] = "true"
+    if settings.openlineage_url:
+        os.environ["METASERVICE_OPENLINEAGE_URL"] = settings.openlineage_url
+    if workers > 1:  # each worker counts requests into files they share
+        share_between_workers()
     if settings.auth_required and not _token_count(settings.db_url):
         err.print(
             "[bold yellow]warning:[/] auth is required but no token exists yet; make one "
@@ -270,7 +334,8 @@ def start(
         host=settings.host,
         port=settings.port,
         workers=workers,
-        log_level=log_level,
+        log_level=settings.log_level,
+        log_config=logs,
         ssl_keyfile=ssl_keyfile,
         ssl_certfile=ssl_certfile,
     )
@@ -365,21 +430,23 @@ def token_create(
 
 @token_app.command("list")
 @_needs_server("token list")
-def token_list(db: DbOption = None) -> None:
+def token_list(db: DbOption = None, output: OutputOption = Output.table) -> None:
     """Show every token's id, role, description and creation time (never the token)."""
     from metaservice.auth import service as auth_service
 
+    out = printer(output)
     _, database = _token_db(db)
     try:
         page = database.read(lambda session: auth_service.list_tokens(session, 2**31 - 1, 0))
     finally:
         database.dispose()
-    table = RichTable(title=f"{page.total} tokens")
-    for col in ("id", "role", "description", "created"):
-        table.add_column(col)
-    for t in page.items:
-        table.add_row(str(t.id), t.role.value, escape(t.description), _time(t.created_ms))
-    console.print(table)
+    if out.json:
+        return out.dump(page.items)
+    out.table(
+        f"{page.total} tokens",
+        ("id", "role", "description", "created"),
+        [(str(t.id), t.role.value, t.description, fmt.when(t.created_ms)) for t in page.items],
+    )
 
 
 @token_app.command("revoke")
@@ -459,67 +526,137 @@ def reconcile_tables(
 
 
 @app.command()
-def topology(url: UrlOption = "http://127.0.0.1:8765", token: TokenOption = None) -> None:
+def topology(
+    output: OutputOption = Output.table,
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+) -> None:
     """Show every job with its inputs, outputs, status and frontier."""
-    try:
-        with _client(url, token) as ms:
-            jobs = ms.all_jobs()
-    except MetaServiceError as exc:
-        raise _fail(str(exc)) from exc
-    table = RichTable(title=f"{len(jobs)} jobs")
-    for col in ("job", "kind", "inputs", "outputs", "status", "frontier"):
-        table.add_column(col)
-    for j in jobs:
-        table.add_row(
-            j.name,
-            j.kind,
-            ", ".join(j.inputs) or "-",
-            ", ".join(j.outputs),
-            j.status,
-            _time(j.frontier),
-        )
-    console.print(table)
+    out = printer(output)
+    with _calling(url, token) as ms:
+        jobs = ms.all_jobs()
+    if out.json:
+        return out.dump(jobs)
+    out.table(
+        f"{len(jobs)} jobs",
+        ("job", "kind", "inputs", "outputs", "status", "frontier"),
+        [
+            (
+                j.name,
+                j.kind,
+                ", ".join(j.inputs) or "-",
+                ", ".join(j.outputs),
+                j.status,
+                fmt.frontier(j.frontier),
+            )
+            for j in jobs
+        ],
+    )
 
 
 @app.command()
-def tables(url: UrlOption = "http://127.0.0.1:8765", token: TokenOption = None) -> None:
+def tables(
+    output: OutputOption = Output.table,
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+) -> None:
     """Show every table with its writer, frontier, latest snapshot and delay."""
-    try:
-        with _client(url, token) as ms:
-            items = ms.all_tables()
-    except MetaServiceError as exc:
-        raise _fail(str(exc)) from exc
-    table = RichTable(title=f"{len(items)} tables")
-    for col in ("table", "writer", "readers", "frontier", "latest snapshot", "delay"):
-        table.add_column(col)
-    for t in items:
-        table.add_row(
-            t.name,
-            t.writer or "-",
-            ", ".join(t.readers) or "-",
-            _time(t.frontier),
-            str(t.latest_snapshot or "-"),
-            _duration(t.delay_ms),
+    out = printer(output)
+    with _calling(url, token) as ms:
+        items = ms.all_tables()
+    if out.json:
+        return out.dump(items)
+    out.table(
+        f"{len(items)} tables",
+        ("table", "writer", "readers", "frontier", "latest snapshot", "delay"),
+        [
+            (
+                t.name,
+                t.writer or "-",
+                ", ".join(t.readers) or "-",
+                fmt.frontier(t.frontier, written=t.writer is not None),
+                str(t.latest_snapshot if t.latest_snapshot is not None else "-"),
+                fmt.behind(t.delay_ms, written=t.writer is not None),
+            )
+            for t in items
+        ],
+    )
+
+
+@app.command()
+def snapshots(
+    table: Annotated[str, typer.Argument(help="Table identifier, e.g. dwd.order_detail")],
+    from_barrier: Annotated[
+        int | None, fmt.barrier_option("--from", help="Only barriers at or after this")
+    ] = None,
+    to_barrier: Annotated[
+        int | None, fmt.barrier_option("--to", help="Only barriers at or before this")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="At most this many")] = 100,
+    output: OutputOption = Output.table,
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+) -> None:
+    """Show a table's snapshots with their barriers, jobs and batches (oldest first)."""
+    out = printer(output)
+    with _calling(url, token) as ms:
+        page = ms.table_snapshots(
+            table, from_barrier=from_barrier, to_barrier=to_barrier, limit=limit
         )
-    console.print(table)
+    if out.json:
+        return out.dump(page)
+    now = fmt.now_ms()
+    out.table(
+        f"{len(page.items)} of {page.total} snapshots of {table}",
+        ("snapshot", "barrier", "time", "job", "batch", "reported"),
+        [
+            (
+                "(no rows)" if s.snapshot_id is None else str(s.snapshot_id),
+                str(s.barrier),
+                fmt.when(s.barrier, now=now),
+                s.job,
+                str(s.batch_id),
+                fmt.ago(s.reported_ms, now),
+            )
+            for s in page.items
+        ],
+    )
 
 
 @app.command()
 def lineage(
     table: Annotated[str, typer.Argument(help="Table identifier, e.g. dws.item_revenue")],
-    direction: Annotated[str, typer.Option(help="upstream, downstream or both")] = "upstream",
+    direction: Annotated[
+        str, typer.Option(help="upstream, downstream or both (as the API and the client)")
+    ] = "both",
     depth: Annotated[
         int | None, typer.Option(help="Jobs away from the table (all by default)")
     ] = None,
-    url: UrlOption = "http://127.0.0.1:8765",
+    snapshot: Annotated[
+        int | None,
+        typer.Option(
+            "--snapshot",
+            help="Instead: the data lineage of this snapshot (its job, batch, barrier and the "
+            "input snapshot ranges it consumed)",
+        ),
+    ] = None,
+    output: OutputOption = Output.table,
+    url: UrlOption = DEFAULT_URL,
     token: TokenOption = None,
 ) -> None:
-    """Show the jobs and tables a table comes from (or feeds) as a tree."""
-    try:
-        with _client(url, token) as ms:
-            graph = ms.lineage(table, direction=direction, depth=depth)
-    except MetaServiceError as exc:
-        raise _fail(str(exc)) from exc
+    """Show the jobs and tables a table comes from and feeds, as trees (or, with
+    --snapshot, which input snapshots made one snapshot)."""
+    out = printer(output)
+    if snapshot is not None:
+        with _calling(url, token) as ms:
+            made = ms.snapshot_lineage(table, snapshot)
+        if out.json:
+            return out.dump(made)
+        return _show_snapshot_lineage(out, made)
+    with _calling(url, token) as ms:
+        graph = ms.lineage(table, direction=direction, depth=depth)
+    if out.json:
+        return out.dump(graph)
     kinds = {n.id: n for n in graph.nodes}
     parents: dict[str, list[str]] = {}
     children: dict[str, list[str]] = {}
@@ -529,7 +666,8 @@ def lineage(
 
     def label(node_id: str) -> str:
         node = kinds[node_id]
-        return f"[cyan]{node.name}[/]" if node.kind == "table" else f"[yellow]job {node.name}[/]"
+        name = escape(node.name)
+        return f"[cyan]{name}[/]" if node.kind == "table" else f"[yellow]job {name}[/]"
 
     def grow(tree: Tree, node_id: str, links: dict[str, list[str]], seen: frozenset[str]) -> None:
         for nxt in sorted(links.get(node_id, [])):
@@ -539,87 +677,192 @@ def lineage(
     if direction in ("upstream", "both"):
         up = Tree(f"{label(graph.root)} [dim]comes from[/]")
         grow(up, graph.root, parents, frozenset({graph.root}))
-        console.print(up)
+        out.console.print(up, soft_wrap=out.plain)
     if direction in ("downstream", "both"):
         down = Tree(f"{label(graph.root)} [dim]feeds[/]")
         grow(down, graph.root, children, frozenset({graph.root}))
-        console.print(down)
+        out.console.print(down, soft_wrap=out.plain)
+
+
+def _show_snapshot_lineage(out: Printer, made: SnapshotLineage) -> None:
+    out.line(
+        f"snapshot {made.snapshot_id} of [bold]{escape(made.table)}[/]: job "
+        f"{escape(made.job)} batch {made.batch_id}, barrier {made.barrier} "
+        f"({fmt.when(made.barrier)})"
+    )
+    if not made.inputs:
+        out.line("a source job's snapshot: it read no table")
+        return
+    out.table(
+        f"{len(made.inputs)} inputs",
+        ("input", "after snapshot", "up to snapshot", "barriers"),
+        [
+            (
+                i.table,
+                "(start)" if i.from_snapshot is None else str(i.from_snapshot),
+                "(empty)" if i.to_snapshot is None else str(i.to_snapshot),
+                f"({i.from_barrier}, {i.to_barrier}]",
+            )
+            for i in made.inputs
+        ],
+    )
 
 
 @app.command()
 def consistent(
     tables: Annotated[list[str], typer.Argument(help="Table identifiers")],
     at_or_before: Annotated[
-        int | None, typer.Option(help="Latest version at or before this barrier")
+        int | None,
+        fmt.barrier_option("--at-or-before", help="Latest version at or before this barrier"),
     ] = None,
     lease_seconds: Annotated[
         int | None, typer.Option(help="Pin the snapshots for this long")
     ] = None,
-    url: UrlOption = "http://127.0.0.1:8765",
+    output: OutputOption = Output.table,
+    url: UrlOption = DEFAULT_URL,
     token: TokenOption = None,
 ) -> None:
     """Show the snapshots of several tables that belong together."""
-    try:
-        with _client(url, token) as ms:
-            version = ms.consistent_version(
-                tables, at_or_before=at_or_before, lease_seconds=lease_seconds
-            )
-    except MetaServiceError as exc:
-        raise _fail(str(exc)) from exc
-    table = RichTable(
-        title=f"consistent version at barrier {version.barrier} ({_time(version.barrier)})"
+    out = printer(output)
+    with _calling(url, token) as ms:
+        version = ms.consistent_version(
+            tables, at_or_before=at_or_before, lease_seconds=lease_seconds
+        )
+    if out.json:
+        return out.dump(version.model_dump(mode="json", exclude_none=True))  # as the API
+    _print_version(out, version)
+
+
+def _print_version(out: Printer, version: ConsistentVersion) -> None:
+    out.table(
+        f"consistent version at barrier {version.barrier} ({fmt.when(version.barrier)})",
+        ("table", "snapshot"),
+        [
+            (name, str(snapshot) if snapshot is not None else "(empty)")
+            for name, snapshot in sorted(version.snapshots.items())
+        ],
     )
-    table.add_column("table")
-    table.add_column("snapshot")
-    for name, snapshot in sorted(version.snapshots.items()):
-        table.add_row(name, str(snapshot) if snapshot is not None else "(empty)")
-    console.print(table)
     if version.lease_id:
-        console.print(f"lease {version.lease_id} until {_time(version.lease_expires_ms)}")
+        out.line(f"lease {version.lease_id} until {fmt.when(version.lease_expires_ms)}")
 
 
 @app.command()
 def delay(
     table: Annotated[str, typer.Argument(help="Table identifier")],
-    url: UrlOption = "http://127.0.0.1:8765",
+    output: OutputOption = Output.table,
+    url: UrlOption = DEFAULT_URL,
     token: TokenOption = None,
 ) -> None:
     """Show how late a table is and which upstream job is to blame."""
-    try:
-        with _client(url, token) as ms:
-            d = ms.delay(table)
-    except MetaServiceError as exc:
-        raise _fail(str(exc)) from exc
-    console.print(
-        f"[bold]{d.table}[/] is {_duration(d.delay_ms)} behind (frontier {_time(d.frontier)})"
-    )
-    path = RichTable(title="critical path (contributions add up to the delay)")
-    for col in ("job", "writes", "waits on", "contribution"):
-        path.add_column(col)
-    for lag in d.critical_path:
-        path.add_row(
-            lag.job, lag.output, lag.slowest_input or "(wall clock)", _duration(lag.contribution_ms)
+    out = printer(output)
+    with _calling(url, token) as ms:
+        d = ms.delay(table)
+    if out.json:
+        return out.dump(d)
+    if d.frontier is None:
+        out.line(f"[bold]{escape(d.table)}[/]: {fmt.NO_DATA} (nothing committed)")
+    else:
+        out.line(
+            f"[bold]{escape(d.table)}[/] is {fmt.duration(d.delay_ms)} behind "
+            f"(frontier {fmt.when(d.frontier, now=d.now_ms)})"
         )
-    console.print(path)
+    out.table(
+        "critical path (contributions add up to the delay)",
+        ("job", "writes", "waits on", "contribution"),
+        [
+            (
+                lag.job,
+                lag.output,
+                lag.slowest_input or "(wall clock)",
+                fmt.NO_DATA if lag.contribution_ms is None else fmt.duration(lag.contribution_ms),
+            )
+            for lag in d.critical_path
+        ],
+    )
 
 
 @app.command()
 def expirable(
     table: Annotated[str, typer.Argument(help="Table identifier")],
-    url: UrlOption = "http://127.0.0.1:8765",
+    output: OutputOption = Output.table,
+    url: UrlOption = DEFAULT_URL,
     token: TokenOption = None,
 ) -> None:
     """Show which snapshots of a table may be expired and why the others are kept."""
-    try:
-        with _client(url, token) as ms:
-            plan = ms.expirable(table)
-    except MetaServiceError as exc:
-        raise _fail(str(exc)) from exc
-    console.print(
-        f"{len(plan.expirable)} snapshots of {plan.table} may be expired; {len(plan.kept)} kept"
+    out = printer(output)
+    with _calling(url, token) as ms:
+        plan = ms.expirable(table)
+    if out.json:
+        return out.dump(plan)
+    out.line(
+        f"{len(plan.expirable)} snapshots of {escape(plan.table)} may be expired; "
+        f"{len(plan.kept)} kept"
     )
-    for s in plan.kept:
-        console.print(f"  keep {s.snapshot_id} (barrier {s.barrier}): {'; '.join(s.reasons)}")
+    out.table(
+        f"{len(plan.kept)} kept",
+        ("snapshot", "barrier", "kept because"),
+        [(str(s.snapshot_id), fmt.when(s.barrier), "; ".join(s.reasons)) for s in plan.kept],
+    )
+
+
+job_app = typer.Typer(help="Show, delete and operate on one job.", no_args_is_help=True)
+app.add_typer(job_app, name="job")
+
+
+@job_app.command("show")
+def job_show(
+    name: Annotated[str, typer.Argument(help="Job name")],
+    output: OutputOption = Output.table,
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+) -> None:
+    """A job's kind, inputs, outputs, status, frontier, last batch and barrier."""
+    out = printer(output)
+    with _calling(url, token) as ms:
+        job = ms.get_job(name)
+    if out.json:
+        return out.dump(job)
+    now = fmt.now_ms()
+    rows = [
+        ("kind", job.kind),
+        ("inputs", ", ".join(job.inputs) or "-"),
+        ("outputs", ", ".join(job.outputs)),
+        ("status", job.status),
+        ("frontier", fmt.frontier(job.frontier, now=now)),
+        ("last batch", "-" if job.last_batch_id is None else str(job.last_batch_id)),
+        ("last barrier", fmt.when(job.last_barrier, none="-", now=now)),
+        ("pending target", fmt.when(job.pending_target, none="-", now=now)),
+        ("last seen", fmt.when(job.last_seen_ms, now=now)),
+        ("offline floor", fmt.when(job.offline_floor, none="-", now=now)),
+        ("description", job.description or "-"),
+    ]
+    out.table(f"job {job.name}", ("field", "value"), rows)
+
+
+@job_app.command("delete")
+def job_delete(
+    name: Annotated[str, typer.Argument(help="Job name")],
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+) -> None:
+    """Remove a job, its edges and its barrier history (admin); its outputs lose their
+    writer. Refused while another job reads one of its outputs."""
+    with _calling(url, token) as ms:
+        ms.delete_job(name)
+    printer().line(f"job {escape(name)} deleted")
+
+
+@job_app.command("release-grant")
+def job_release_grant(
+    name: Annotated[str, typer.Argument(help="Job name")],
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+) -> None:
+    """Release a source job's offline grant (writer): its frontier no longer stays below
+    the grant's floor. Releasing a grant the job does not hold is fine."""
+    with _calling(url, token) as ms:
+        ms.release_offline_grant(name)
+    printer().line(f"offline grant of job {escape(name)} released")
 
 
 batch_app = typer.Typer(help="Operate on a job's batches.", no_args_is_help=True)
@@ -630,7 +873,8 @@ app.add_typer(batch_app, name="batch")
 def batch_abandon(
     job: Annotated[str, typer.Argument(help="Job name")],
     batch_id: Annotated[int, typer.Argument(help="The open batch a dead driver left behind")],
-    url: UrlOption = "http://127.0.0.1:8765",
+    output: OutputOption = Output.table,
+    url: UrlOption = DEFAULT_URL,
     token: TokenOption = None,
 ) -> None:
     """Give up a dead source driver's open batch (admin): its tables stop waiting for it.
@@ -638,17 +882,72 @@ def batch_abandon(
     A late commit report of the batch is refused; a restarted driver that replays it
     gets a new barrier.
     """
-    try:
-        with _client(url, token) as ms:
-            view = ms.abandon_batch(job, batch_id)
-    except MetaServiceError as exc:
-        raise _fail(str(exc)) from exc
-    console.print(
-        f"batch {view.batch_id} of job {view.job} (barrier {_time(view.barrier)}) abandoned"
+    out = printer(output)
+    with _calling(url, token) as ms:
+        view = ms.abandon_batch(job, batch_id)
+    if out.json:
+        return out.dump(view)
+    out.line(
+        f"batch {view.batch_id} of job {escape(view.job)} (barrier {fmt.when(view.barrier)}) "
+        "abandoned"
     )
 
 
+lease_app = typer.Typer(
+    help="Pin a consistent version against expiry, and unpin it.", no_args_is_help=True
+)
+app.add_typer(lease_app, name="lease")
+
+
+@lease_app.command("create")
+def lease_create(
+    tables: Annotated[list[str], typer.Argument(help="Table identifiers")],
+    seconds: Annotated[
+        float,
+        typer.Option(
+            "--for",
+            parser=fmt.parse_duration,
+            metavar="DURATION",
+            help="How long the lease lasts, e.g. 30m, 2h",
+        ),
+    ],
+    at_or_before: Annotated[
+        int | None,
+        fmt.barrier_option("--at-or-before", help="Latest version at or before this barrier"),
+    ] = None,
+    output: OutputOption = Output.table,
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+) -> None:
+    """Pin the tables' consistent version (writer): its snapshots are not expired until
+    the lease ends or is released. Prints the lease id."""
+    out = printer(output)
+    if seconds < 1:
+        raise fmt.fail("--for is less than a second")
+    with _calling(url, token) as ms:
+        version = ms.create_lease(tables, math.ceil(seconds), at_or_before=at_or_before)
+    if out.json:
+        return out.dump(version.model_dump(mode="json", exclude_none=True))  # as the API
+    _print_version(out, version)
+
+
+@lease_app.command("release")
+def lease_release(
+    lease_id: Annotated[str, typer.Argument(help="The lease's id")],
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+) -> None:
+    """End a lease now (writer): its snapshots may be expired again."""
+    with _calling(url, token) as ms:
+        ms.delete_lease(lease_id)
+    printer().line(f"lease {escape(lease_id)} released")
+
+
 app.command("expire")(expire_command)
+app.command("tag")(tags_cli.tag)
+app.command("tags")(tags_cli.tags)
+app.command("untag")(tags_cli.untag)
+app.add_typer(revisions_cli.app, name="revision")
 
 if __name__ == "__main__":
     app()

@@ -36,9 +36,11 @@ from metaservice.barriers.schemas import (
 from metaservice.delay.schemas import Delay
 from metaservice.lifecycle.schemas import ExpiryPlan, ExpiryResult, Retention
 from metaservice.lineage.schemas import LineageGraph, SnapshotLineage
+from metaservice.revisions.schemas import RevisionView
 from metaservice.schemas_common import Page
 from metaservice.topology.schemas import JobEvent, JobView, SnapshotView, TableView
 from metaservice.versions.schemas import ConsistentVersion
+from metaservice.versions.tags.schemas import TagView
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -171,6 +173,11 @@ class MetaServiceClient:
 
     def get_job(self, name: str) -> JobView:
         return self._get(JobView, f"/jobs/{name}")
+
+    def delete_job(self, name: str) -> None:
+        """Remove a job, its edges and its barrier history (admin); its outputs lose their
+        writer. 409 ConflictError while another job reads one of its outputs."""
+        self._request("DELETE", f"/jobs/{name}")
 
     def list_jobs(self, limit: int = 100, offset: int = 0) -> Page[JobView]:
         return self._get(Page[JobView], "/jobs", limit=limit, offset=offset)
@@ -331,6 +338,91 @@ class MetaServiceClient:
 
     def delete_lease(self, lease_id: str) -> None:
         self._request("DELETE", f"/leases/{lease_id}")
+
+    def create_tag(
+        self,
+        name: str,
+        tables: Sequence[str],
+        *,
+        at_or_before: int | None = None,
+        retain_seconds: int | None = None,
+        timeout: float | None = 120.0,
+    ) -> TagView:
+        """Publish the consistent version of ``tables`` as Iceberg tag ``name`` in each of
+        them (admin); ``retain_seconds``: the tag ends that long after. 409 ConflictError
+        ``tag_exists`` when the name is in use. ``timeout``: one Iceberg commit per table."""
+        body: dict[str, Any] = {"name": name, "tables": list(tables)}
+        if at_or_before is not None:
+            body["at_or_before"] = at_or_before
+        if retain_seconds is not None:
+            body["retain_seconds"] = retain_seconds
+        data = self._request("POST", "/versions/tags", json=body, timeout=timeout)
+        return TagView.model_validate(data)
+
+    def get_tag(self, name: str) -> TagView:
+        return self._get(TagView, f"/versions/tags/{name}")
+
+    def list_tags(
+        self, *, table: str | None = None, limit: int = 100, offset: int = 0
+    ) -> Page[TagView]:
+        return self._get(Page[TagView], "/versions/tags", table=table, limit=limit, offset=offset)
+
+    def all_tags(self, *, table: str | None = None) -> list[TagView]:
+        """Every tag that has not ended, by name (on ``table`` only, if given)."""
+        return _all_pages(lambda off: self.list_tags(table=table, limit=500, offset=off))
+
+    def delete_tag(self, name: str, *, timeout: float | None = 120.0) -> TagView:
+        """Remove the tag's Iceberg tags and its record (admin); returns the tag removed."""
+        data = self._request("DELETE", f"/versions/tags/{name}", timeout=timeout)
+        return TagView.model_validate(data)
+
+    def create_revision(
+        self, table: str, from_barrier: int, *, timeout: float | None = 120.0
+    ) -> RevisionView:
+        """Plan a revision of ``table`` and everything downstream of it from
+        ``from_barrier`` (admin): one mirror table per affected table, starting at its
+        snapshot at that barrier. 409 ConflictError ``revision_overlaps``, ``expired``,
+        ``not_reached``, ``not_exact``, ``no_writer``. ``timeout``: one catalog commit per
+        mirror."""
+        body = {"table": table, "from_barrier": from_barrier}
+        data = self._request("POST", "/revisions", json=body, timeout=timeout)
+        return RevisionView.model_validate(data)
+
+    def get_revision(self, revision_id: int) -> RevisionView:
+        return self._get(RevisionView, f"/revisions/{revision_id}")
+
+    def list_revisions(self, *, limit: int = 100, offset: int = 0) -> Page[RevisionView]:
+        return self._get(Page[RevisionView], "/revisions", limit=limit, offset=offset)
+
+    def all_revisions(self) -> list[RevisionView]:
+        """Every revision, newest first (cancelled ones too)."""
+        return _all_pages(lambda off: self.list_revisions(limit=500, offset=off))
+
+    def cancel_revision(self, revision_id: int, *, timeout: float | None = 120.0) -> RevisionView:
+        """Cancel the revision and drop its mirrors, deleting no file (admin); cancelling
+        a cancelled revision answers it again."""
+        data = self._request("DELETE", f"/revisions/{revision_id}", timeout=timeout)
+        return RevisionView.model_validate(data)
+
+    def swap_revision(self, revision_id: int, *, wait_seconds: float = 30) -> RevisionView:
+        """Swap a ready revision's mirrors in for their originals (admin): the original
+        jobs are superseded (409 ``superseded`` on their next barrier request), and once
+        every mirror has reached its original the tables change names in one step. The
+        answer's ``state`` is ``swapped``, or ``swapping`` when the mirrors did not get
+        there within ``wait_seconds`` (call again to continue). 409 ConflictError
+        ``not_ready``, ``revision_cancelled``::
+
+            view = ms.swap_revision(7, wait_seconds=60)
+            while view.state == "swapping":
+                view = ms.swap_revision(7, wait_seconds=60)
+        """
+        data = self._request(
+            "POST",
+            f"/revisions/{revision_id}/swap",
+            json={"wait_seconds": wait_seconds},
+            timeout=wait_seconds + 120.0,
+        )
+        return RevisionView.model_validate(data)
 
     def lineage(
         self, table: str, *, direction: str = "both", depth: int | None = None

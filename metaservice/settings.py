@@ -1,9 +1,42 @@
-"""The one settings object: environment variables prefixed ``METASERVICE_`` and CLI flags."""
+"""The one settings object: CLI flags, environment variables prefixed ``METASERVICE_`` and
+an optional TOML file, in that order of precedence, then the defaults.
+
+The file is named by ``METASERVICE_CONFIG`` (``metaservice start --config FILE`` sets it, so
+that ``--workers`` processes read the same file). Its keys are the field names::
+
+    db_url = "postgresql+psycopg://metaservice@db/metaservice"
+    port = 8765
+    log_format = "json"
+
+    [catalog_properties]
+    type = "rest"
+    uri = "https://catalog.example.com"
+
+Unlike the environment, whose unrelated ``METASERVICE_*`` variables are ignored, the file is
+checked strictly: an unknown key or a value of the wrong TOML type is a
+:class:`ConfigFileError` naming the key.
+"""
 
 from __future__ import annotations
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+CONFIG_ENV = "METASERVICE_CONFIG"
+
+
+class ConfigFileError(ValueError):
+    """The config file is missing, is not TOML, or has an unknown key or a wrong value."""
 
 
 class Settings(BaseSettings):
@@ -56,7 +89,17 @@ class Settings(BaseSettings):
     max_page_size: int = Field(1000, gt=0)
     max_commits_per_request: int = Field(10_000, gt=0)
     max_lease_seconds: int = Field(7 * 24 * 3600, gt=0)
-    log_level: str = "info"
+    revision_ready_lag_ms: int = Field(
+        5000,
+        ge=0,
+        description="A revision is ready to swap once every mirror's frontier is at most this "
+        "far behind its original's.",
+    )
+    log_level: str = Field("info", description="debug, info, warning or error.")
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="text, or json: one JSON object per line, uvicorn's access log included.",
+    )
     auth_required: bool = Field(
         False,
         description="Require a bearer token on every /api/v1 request; off, every caller is admin.",
@@ -65,3 +108,76 @@ class Settings(BaseSettings):
         True,
         description="Serve /metrics without a token even when auth is required (for scrapers).",
     )
+    openlineage_url: str | None = Field(
+        None,
+        description="Emit OpenLineage events for barrier jobs to this backend (Marquez or any "
+        "OpenLineage HTTP endpoint, e.g. http://marquez:5000); events are queued in the "
+        "database, so an unreachable backend loses nothing. None: no events are emitted.",
+    )
+    openlineage_endpoint: str = Field(
+        "api/v1/lineage", description="Path of the backend's lineage endpoint under the URL."
+    )
+    openlineage_api_key: str | None = Field(
+        None, description="Sent to the OpenLineage backend as 'Authorization: Bearer <key>'."
+    )
+    openlineage_namespace: str = Field(
+        "metaservice",
+        min_length=1,
+        description="OpenLineage namespace of the barrier jobs and their tables.",
+    )
+    openlineage_retry_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="How long an event the backend did not take waits before the next try.",
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Earlier sources win: flags (init), environment, then the file.
+        path = os.environ.get(CONFIG_ENV)
+        if not path:
+            return init_settings, env_settings
+        return init_settings, env_settings, ConfigFile(settings_cls, Path(path))
+
+
+class ConfigFile(TomlConfigSettingsSource):
+    """pydantic-settings' TOML source, checked against the fields before anything is merged."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path) -> None:
+        if not path.is_file():
+            raise ConfigFileError(f"config file {path}: no such file")
+        try:
+            super().__init__(settings_cls, toml_file=path)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigFileError(f"config file {path}: not valid TOML: {exc}") from exc
+        try:
+            _file_model(settings_cls).model_validate(self.toml_data)
+        except ValidationError as exc:
+            raise ConfigFileError(
+                f"config file {path}: " + "; ".join(_problem(e) for e in exc.errors())
+            ) from exc
+
+
+def _file_model(settings_cls: type[BaseSettings]) -> type[BaseModel]:
+    """The settings' fields as a plain model that refuses unknown keys and converts nothing
+    (TOML values are typed: ``port = "80"`` is a mistake, not a number)."""
+    fields: dict[str, Any] = {
+        name: (field.annotation, field) for name, field in settings_cls.model_fields.items()
+    }
+    return create_model(
+        "ConfigFileKeys", __config__=ConfigDict(extra="forbid", strict=True), **fields
+    )
+
+
+def _problem(error: Any) -> str:
+    key = ".".join(str(part) for part in error["loc"])
+    if error["type"] == "extra_forbidden":
+        return f"unknown key {key!r}"
+    return f"{key}: {error['msg']} (got {error['input']!r})"

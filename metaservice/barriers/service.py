@@ -27,6 +27,7 @@ from metaservice.barriers.schemas import (
 from metaservice.context import Context
 from metaservice.errors import Conflict, Invalid, NotFound
 from metaservice.models import DERIVED, SOURCE, Batch, BatchPlan, Commit, Job, Table
+from metaservice.revisions import repository as revision_repo
 from metaservice.topology import repository as topo
 from metaservice.topology.graph import job_node
 
@@ -51,6 +52,7 @@ def batch_barrier(
     batch = repo.get_batch(session, job.id, batch_id)
     check_query(session, job, batch_id, request.query_id, batch)
     if batch is None:
+        check_superseded(session, job)
         check_batch_order(session, job, batch_id)
         if job.kind == SOURCE:
             batch = _new_source_batch(session, ctx, job, batch_id)
@@ -63,6 +65,23 @@ def batch_barrier(
         _check_planned(job, batch, request)
     job.last_seen_ms = ctx.now_ms()
     return batch_view(session, job, batch)
+
+
+def check_superseded(session: Session, job: Job) -> None:
+    """409 ``superseded`` for a new batch of a job a revision replaces (swapping or
+    swapped): its tables are, or are about to be, the revision's. A batch it opened
+    before is still answered and its reports are still recorded."""
+    revision_id = revision_repo.superseding(session, job.name)
+    if revision_id is None:
+        return
+    raise Conflict(
+        f"job '{job.name}' is superseded by revision {revision_id}: its job "
+        f"'{job.name}__rev{revision_id}' writes the job's tables from now on, so no new batch "
+        f"of '{job.name}' is started. Stop this query; run '{job.name}__rev{revision_id}' "
+        "instead",
+        field="job",
+        code="superseded",
+    )
 
 
 def check_batch_order(session: Session, job: Job, batch_id: int) -> None:
@@ -357,6 +376,7 @@ def next_barrier_round(
             field="job",
             code="not_derived",
         )
+    check_superseded(session, job)
     job.last_seen_ms = ctx.now_ms()
     start = job.frontier if after is None else after
     if after is not None:

@@ -20,17 +20,24 @@ class JobLag(BaseModel):
     input_frontier: int = Field(
         description="Frontier of the slowest input, or now for a source job"
     )
-    output_frontier: int
-    contribution_ms: int
+    output_frontier: int = Field(description="0 while the job has committed nothing")
+    contribution_ms: int | None = Field(
+        description="input_frontier - output_frontier; None while the job has committed "
+        "nothing (no data yet)"
+    )
 
 
 class Delay(BaseModel):
     table: str
     now_ms: int
-    frontier: int
-    delay_ms: int = Field(description="now - frontier")
+    frontier: int | None = Field(
+        description="The writer's frontier; None while it has committed nothing (no data yet)"
+    )
+    delay_ms: int | None = Field(description="now - frontier; None while frontier is None")
     critical_path: list[JobLag] = Field(
         description="From the table up to a source: at each job, the input holding it back. "
-        "The contributions add up to delay_ms."
+        "The contributions add up to delay_ms (when there is one)."
     )
-    jobs: list[JobLag] = Field(description="Every upstream job's own lag, largest first")
+    jobs: list[JobLag] = Field(
+        description="Every upstream job's own lag, largest first (jobs with no data yet first)"
+    )

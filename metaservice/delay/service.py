@@ -1,4 +1,8 @@
-"""delay(t) = now - frontier(t); per job, frontier(slowest input) - frontier(output)."""
+"""delay(t) = now - frontier(t); per job, frontier(slowest input) - frontier(output).
+
+A derived job that never committed has frontier 0: its table's delay and its own
+contribution are None (no data yet), never the age of the epoch.
+"""
 
 from __future__ import annotations
 
@@ -62,11 +66,15 @@ def delay(session: Session, ctx: Context, table: str) -> Delay:
     return Delay(
         table=table,
         now_ms=now,
-        frontier=frontier,
-        delay_ms=now - frontier,
+        frontier=frontier if frontier > 0 else None,
+        delay_ms=now - frontier if frontier > 0 else None,
         critical_path=path,
-        jobs=sorted(lags.values(), key=lambda lag: (-lag.contribution_ms, lag.job)),
+        jobs=sorted(lags.values(), key=_largest_first),
     )
+
+
+def _largest_first(lag: JobLag) -> tuple[bool, int, str]:
+    return (lag.contribution_ms is not None, -(lag.contribution_ms or 0), lag.job)
 
 
 def _job_lag(
@@ -93,5 +101,5 @@ def _job_lag(
         slowest_input=slowest,
         input_frontier=input_frontier,
         output_frontier=output_frontier,
-        contribution_ms=input_frontier - output_frontier,
+        contribution_ms=input_frontier - output_frontier if output_frontier > 0 else None,
     )

@@ -9,7 +9,9 @@ delete the files only they referenced.
    before it is in the plan; one asked for while the rest runs sees the horizon. The
    expiry acts on nothing else than what the reservation returned.
 2. Remove the reserved snapshots from the Iceberg table in one commit (branch and tag
-   heads are left in: whatever a ref uses stays).
+   heads are left in: whatever a ref uses stays). Tagged snapshots are not even
+   reserved (``service``'s plan keeps them); before the reservation, the Iceberg tags
+   of ended (retained) tags are removed, so that their snapshots may go.
 3. Record them (``expired_snapshots``), so no plan lists them again.
 4. Delete the files only they reached (see ``lifecycle.iceberg``).
 
@@ -72,27 +74,36 @@ def expire_table(
         result = expire_table(db, ctx, "ods.orders")
         print(result.snapshots_removed, result.files_removed, result.bytes_freed)
     """
-    plan = db.read(lambda session: service.expiry_plan(session, ctx, table))
+    plan = db.read(lambda session: service.expiry_plan(session, ctx, table, for_expiry=True))
     if not plan.expirable:
         return _result(plan, dry_run, [], [], [], [])
-    try:
-        from metaservice.lifecycle import iceberg
-    except ModuleNotFoundError as exc:
-        raise CatalogUnavailable(
-            f"expiring snapshots needs pyiceberg ({exc.name!r} is not installed): install "
-            "the service with pip install 'metaservice[server,iceberg]'"
-        ) from exc
-    catalog = _open(load_catalog or iceberg.load_catalog, ctx.settings)
+    catalog = open_catalog(ctx.settings, load_catalog, "expiring snapshots")
+    from metaservice.lifecycle import iceberg
+
     try:
         found = _load_table(catalog, plan)
         if dry_run:
             return _preview(iceberg.Snapshots(found), plan)
+        _drop_ended_tags(db, ctx, catalog, plan)
         reserved = db.write(lambda session: service.reserve_expiry(session, ctx, table))
         if not reserved.expirable:
             return _result(reserved, False, [], [], [], [])
         return _execute(db, ctx, catalog, reserved)
     finally:
         iceberg.close_catalog(catalog)
+
+
+def _drop_ended_tags(db: Database, ctx: Context, catalog: Catalog, plan: ExpiryPlan) -> None:
+    """Remove the Iceberg tags of the table's ended tags (retained ones past their time):
+    the plan keeps their snapshots no more, and their refs would keep them in Iceberg."""
+    from metaservice.versions.tags.publish import drop_ended
+
+    try:
+        drop_ended(db, ctx, catalog, plan.table)
+    except Exception as exc:
+        raise _unavailable(
+            plan, "removing the Iceberg tags of its ended tags", exc, reserved=False
+        ) from exc
 
 
 def _preview(now: Snapshots, plan: ExpiryPlan) -> ExpiryResult:
@@ -176,9 +187,21 @@ def _log(result: ExpiryResult, held: list[int]) -> None:
         log.info("kept snapshots %s of %s: a branch or tag points at them", held, result.table)
 
 
-def _open(load: CatalogLoader, settings: Settings) -> Catalog:
+def open_catalog(
+    settings: Settings, load_catalog: CatalogLoader | None = None, doing: str = "this"
+) -> Catalog:
+    """The jobs' catalog, opened by ``load_catalog`` (default:
+    ``lifecycle.iceberg.load_catalog``); 503 ``catalog_unavailable`` when it cannot be
+    opened, or when pyiceberg is not installed (``doing`` names what needed it)."""
     try:
-        return load(settings)
+        from metaservice.lifecycle import iceberg
+    except ModuleNotFoundError as exc:
+        raise CatalogUnavailable(
+            f"{doing} needs pyiceberg ({exc.name!r} is not installed): install "
+            "the service with pip install 'metaservice[server,iceberg]'"
+        ) from exc
+    try:
+        return (load_catalog or iceberg.load_catalog)(settings)
     except Exception as exc:
         raise CatalogUnavailable(
             f"cannot open the Iceberg catalog: {exc}. The service uses the jobs' catalog: "

@@ -16,7 +16,9 @@ class PlannedSnapshot(BaseModel):
 
 class ExpiryPlan(BaseModel):
     table: str
-    oldest_in_use: int | None = Field(description="Snapshot id; everything older may be expired")
+    oldest_in_use: int | None = Field(
+        description="Snapshot id; everything older may be expired, tagged snapshots excepted"
+    )
     expiry_horizon: int | None = Field(
         None,
         description="Barrier below which snapshots may have been expired: no version or "

@@ -1,9 +1,11 @@
 """The expiry plan, its reservation (G5), and retention policies.
 
 A snapshot is in use while it is the current snapshot, kept by the table's retention
-policy (its own, else the service's default), inside a live lease, or the start
-position of a derived job reading the table. Only snapshots older than the oldest
-in-use one may be expired. Snapshots an expiry removed (see ``lifecycle.expiry``) are
+policy (its own, else the service's default), inside a live lease, the start
+position of a derived job reading the table, the start of an active revision's mirror
+(which reads the files it reaches), or named by a tag that has not ended.
+Only snapshots older than the oldest in-use one may be expired, tagged ones excepted:
+a tag keeps its own snapshot and holds no other back (as an Iceberg tag does). Snapshots an expiry removed (see ``lifecycle.expiry``) are
 recorded and no longer part of any plan.
 
 Every registered reader counts, running or not: a stopped job restarts from its
@@ -34,14 +36,21 @@ from metaservice.lifecycle.repository import Reported
 from metaservice.lifecycle.schemas import ExpiryPlan, PlannedSnapshot, Retention, RetentionUpdate
 from metaservice.models import DERIVED, Table
 from metaservice.names import check_table_name
+from metaservice.revisions import service as revisions
 from metaservice.topology import repository as topo
 from metaservice.versions import repository as lease_repo
+from metaservice.versions.tags import service as tags
 
 
-def expiry_plan(session: Session, ctx: Context, table: str) -> ExpiryPlan:
+def expiry_plan(
+    session: Session, ctx: Context, table: str, *, for_expiry: bool = False
+) -> ExpiryPlan:
     """What may be expired now, and why each other snapshot is kept (a read: see
-    :func:`reserve_expiry` for what an executor may act on)."""
+    :func:`reserve_expiry` for what an executor may act on). ``for_expiry``: an expiry
+    asks, and the mirror of an active revision is refused (409 ``revision_pending``)."""
     check_table_name(table)
+    if for_expiry:
+        revisions.refuse_pending_mirror(session, table)
     return _plan(session, ctx, topo.require_table(session, table))
 
 
@@ -56,6 +65,7 @@ def reserve_expiry(session: Session, ctx: Context, table: str) -> ExpiryPlan:
         expire_snapshots(plan.expirable)  # still not in use, whatever runs meanwhile
     """
     check_table_name(table)
+    revisions.refuse_pending_mirror(session, table)
     found = topo.require_table(session, table)
     locked = lease_repo.lock_tables(session, [found.id], exclusive=True)
     if not locked:
@@ -63,7 +73,9 @@ def reserve_expiry(session: Session, ctx: Context, table: str) -> ExpiryPlan:
     t = locked[0]
     plan = _plan(session, ctx, t)
     if plan.kept:
-        horizon = plan.kept[0].barrier
+        # The oldest snapshot in use, not a tagged one below it: a tag keeps only its own
+        # snapshot, and no version is handed out on the snapshots expired around it.
+        horizon = next(k.barrier for k in plan.kept if k.snapshot_id == plan.oldest_in_use)
         if t.expiry_horizon is None or t.expiry_horizon < horizon:
             repo.raise_expiry_horizon(session, t.id, horizon)
             plan.expiry_horizon = horizon
@@ -82,6 +94,10 @@ def _plan(session: Session, ctx: Context, t: Table) -> ExpiryPlan:
         )
     reasons = _in_use(session, ctx, t, snapshots)
     oldest = min(reasons)
+    # Added after the oldest is found: a tag keeps its own snapshot and holds no other
+    # one back, as Iceberg's expiry keeps a tagged snapshot and nothing around it.
+    for i, why in _tagged(session, ctx, t, snapshots).items():
+        reasons[i].extend(why)
     plan = [
         PlannedSnapshot(
             snapshot_id=c.snapshot_id,
@@ -96,9 +112,24 @@ def _plan(session: Session, ctx: Context, t: Table) -> ExpiryPlan:
         table=t.name,
         oldest_in_use=snapshots[oldest].snapshot_id,
         expiry_horizon=t.expiry_horizon,
-        expirable=plan[:oldest],
-        kept=plan[oldest:],
+        expirable=[p for p in plan[:oldest] if not p.reasons],
+        kept=[p for i, p in enumerate(plan) if i >= oldest or p.reasons],
     )
+
+
+def _tagged(
+    session: Session, ctx: Context, t: Table, snapshots: list[Reported]
+) -> dict[int, list[str]]:
+    """Why each tagged snapshot is kept, by its position in ``snapshots``. A tagged
+    snapshot no longer among them (its writer was deleted) is no concern of the plan:
+    its Iceberg tag keeps it in the table, and an expiry never removes a ref's head."""
+    position = {c.snapshot_id: i for i, c in enumerate(snapshots)}
+    reasons: dict[int, list[str]] = defaultdict(list)
+    for tagged in tags.live_on_table(session, ctx, t.id):
+        if tagged.snapshot_id in position:
+            until = "" if tagged.expires_ms is None else f" until {tagged.expires_ms}"
+            reasons[position[tagged.snapshot_id]].append(f"tag {tagged.name}{until}")
+    return reasons
 
 
 def _in_use(
@@ -131,6 +162,15 @@ def _in_use(
                 f"lease {lease_id} until {expires} pins snapshot {snapshot}, which is no "
                 "longer among the reported snapshots (its writer was deleted): all are kept "
                 "while it lasts"
+            )
+    for kept in revisions.kept_snapshots(session, table_id):
+        if kept.snapshot_id in position:
+            reasons[position[kept.snapshot_id]].append(f"revision {kept.revision_id}")
+        else:
+            reasons[0].append(
+                f"revision {kept.revision_id} starts a mirror at snapshot {kept.snapshot_id}, "
+                "which is no longer among the reported snapshots (its writer was deleted): "
+                "all are kept while it is active"
             )
     barriers = [c.barrier for c in snapshots]
     for reader in topo.reader_jobs(session, table_id):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
 import networkx as nx
 from sqlalchemy.orm import Session
@@ -13,6 +14,7 @@ from metaservice.context import Context
 from metaservice.errors import Invalid, NotFound, TooLarge
 from metaservice.lineage.schemas import Edge, LineageGraph, Node, SnapshotLineage
 from metaservice.names import check_table_name
+from metaservice.openlineage.service import with_observed
 from metaservice.topology import repository as topo
 from metaservice.topology.graph import table_node
 
@@ -30,11 +32,13 @@ def table_lineage(
         raise TooLarge(
             f"depth {depth} is over the limit of {ctx.settings.max_lineage_depth}", field="depth"
         )
-    graph = ctx.graph.get(session)
+    graph = with_observed(session, ctx.graph.get(session))
     root = table_node(table)
     if root not in graph:
         raise NotFound(
-            f"table '{table}' is unknown: no registered job reads or writes it", field="table"
+            f"table '{table}' is unknown: no registered job reads or writes it, and no "
+            "OpenLineage event named it",
+            field="table",
         )
     hops = None if depth is None else 2 * depth  # table -> job -> table is two edges
     reached = {root}
@@ -42,12 +46,26 @@ def table_lineage(
         reached |= _walk(graph, root, hops, upstream=True)
     if direction in ("downstream", "both"):
         reached |= _walk(graph, root, hops, upstream=False)
-    nodes = [
-        Node(id=n, kind=graph.nodes[n]["kind"], name=graph.nodes[n]["name"])
-        for n in sorted(reached)
+    nodes = [_node(n, graph.nodes[n]) for n in sorted(reached)]
+    sub = graph.subgraph(reached)
+    edges = [
+        Edge(source=u, target=v, observed=sub.edges[u, v].get("observed", False))
+        for u, v in sorted(sub.edges())
     ]
-    edges = [Edge(source=u, target=v) for u, v in sorted(graph.subgraph(reached).edges())]
     return LineageGraph(root=root, direction=direction, depth=depth, nodes=nodes, edges=edges)
+
+
+def _node(node_id: str, data: dict[str, Any]) -> Node:
+    if not data.get("observed"):
+        return Node(id=node_id, kind=data["kind"], name=data["name"])
+    return Node(
+        id=node_id,
+        kind=data["kind"],
+        name=data["name"],
+        observed=True,
+        source="openlineage",
+        namespace=data.get("namespace"),
+    )
 
 
 def _walk(graph: nx.DiGraph, root: str, hops: int | None, *, upstream: bool) -> set[str]:

@@ -5,6 +5,15 @@ from metaservice.models.barriers import Batch, BatchInput, BatchPlan, ClockState
 from metaservice.models.base import Base
 from metaservice.models.leases import Lease, LeaseSnapshot
 from metaservice.models.lifecycle import ExpiredSnapshot, TableRetention
+from metaservice.models.openlineage import (
+    ObservedDataset,
+    ObservedEdge,
+    ObservedJob,
+    OpenLineageEvent,
+    OpenLineageOutbox,
+)
+from metaservice.models.revisions import Revision, RevisionTable
+from metaservice.models.tags import VersionTag, VersionTagSnapshot
 from metaservice.models.topology import DERIVED, SOURCE, Job, JobInput, Table
 
 __all__ = [
@@ -22,6 +31,15 @@ __all__ = [
     "JobInput",
     "Lease",
     "LeaseSnapshot",
+    "ObservedDataset",
+    "ObservedEdge",
+    "ObservedJob",
+    "OpenLineageEvent",
+    "OpenLineageOutbox",
+    "Revision",
+    "RevisionTable",
     "Table",
     "TableRetention",
+    "VersionTag",
+    "VersionTagSnapshot",
 ]

@@ -1,14 +1,18 @@
 from __future__ import annotations
 
+import logging
+
 from fastapi import APIRouter, Depends, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
 
 from metaservice.deps import Services, metrics_access, services
+from metaservice.metrics import exposition, read_state
 from metaservice.migrate import current_revision, head_revision
 from metaservice.schemas_common import ErrorBody
 
+log = logging.getLogger("metaservice.metrics")
 router = APIRouter(tags=["operations"])
 
 
@@ -57,6 +61,12 @@ def readyz(s: Services = Depends(services)) -> JSONResponse:
     },
     dependencies=[Depends(metrics_access)],
 )
-def metrics() -> Response:
-    """Prometheus metrics (open unless METASERVICE_METRICS_PUBLIC=false)."""
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+def metrics(s: Services = Depends(services)) -> Response:
+    """Prometheus metrics (open unless METASERVICE_METRICS_PUBLIC=false): the process's
+    counters, and per table and job the state read from the database."""
+    try:
+        state = s.db.read(lambda session: read_state(session, s.ctx))
+    except Exception as exc:  # the process's metrics still answer; the gauges are absent
+        log.warning("/metrics could not read the database: %s", exc)
+        state = None
+    return Response(exposition(state), media_type=CONTENT_TYPE_LATEST)

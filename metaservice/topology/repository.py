@@ -65,6 +65,10 @@ def tables_by_names(session: Session, names: Sequence[str]) -> dict[str, Table]:
     return {t.name: t for t in rows}
 
 
+def all_jobs(session: Session) -> list[Job]:
+    return list(session.execute(select(Job).order_by(Job.name)).scalars())
+
+
 def jobs_by_ids(session: Session, ids: Sequence[int]) -> dict[int, Job]:
     if not ids:
         return {}

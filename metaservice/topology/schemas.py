@@ -39,10 +39,16 @@ class TableView(BaseModel):
     name: str
     writer: str | None
     readers: list[str]
-    frontier: int | None = Field(description="None while no job writes the table")
+    frontier: int | None = Field(
+        description="Barrier up to which the table is complete: its writer's frontier. None "
+        "while no job writes the table, or while its (derived) writer has committed nothing"
+    )
     latest_snapshot: int | None
     latest_barrier: int | None
-    delay_ms: int | None
+    delay_ms: int | None = Field(
+        description="now - frontier; None when the frontier is None (no data yet, not the "
+        "age of the epoch)"
+    )
 
 
 class SnapshotView(BaseModel):

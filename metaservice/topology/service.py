@@ -242,6 +242,8 @@ def table_views(session: Session, ctx: Context, tables: list[Table]) -> list[Tab
     for t in tables:
         latest = barrier_repo.latest_commit(session, t.id)
         frontier = fronts.get(t.writer_id) if t.writer_id is not None else None
+        if frontier is not None and frontier <= 0:
+            frontier = None  # a derived writer that never committed: no data yet
         views.append(
             TableView(
                 name=t.name,

@@ -160,13 +160,7 @@ def create_lease(
             f"lease of {seconds} s is longer than the {ctx.settings.max_lease_seconds} s allowed",
             field="lease_seconds",
         )
-    names = topo.tables_by_names(session, list(version.snapshots))
-    locked = repo.lock_tables(session, [t.id for t in names.values()], exclusive=False)
-    tables = {t.name: t for t in locked}
-    for name in version.snapshots:
-        if name not in tables:
-            raise NotFound(f"table '{name}' was deleted while this request ran", field="tables")
-    _check_horizons(version, tables, "tables")
+    tables = lock_version(session, version)
     now = ctx.now_ms()
     lease = Lease(
         id=str(uuid.uuid4()),
@@ -181,6 +175,33 @@ def create_lease(
         )
     session.flush()
     return version.model_copy(update={"lease_id": lease.id, "lease_expires_ms": lease.expires_ms})
+
+
+def lock_version(session: Session, version: ConsistentVersion) -> dict[str, Table]:
+    """Lock ``version``'s tables (shared, as every lease grant does) and check it against
+    their expiry horizons (409 ``expired``); returns the locked tables by name.
+
+    Whatever pins the version in the same transaction (a lease, a tag) is then either in
+    a concurrent expiry reservation's plan, or refused here."""
+    names = topo.tables_by_names(session, list(version.snapshots))
+    locked = repo.lock_tables(session, [t.id for t in names.values()], exclusive=False)
+    tables = {t.name: t for t in locked}
+    for name in version.snapshots:
+        if name not in tables:
+            raise NotFound(f"table '{name}' was deleted while this request ran", field="tables")
+    # A revision's swap gives names to other tables: one that committed between finding
+    # the version and here would pin the old tables' snapshots in the new ones.
+    found = barrier_repo.snapshots_at(session, [t.id for t in tables.values()], version.barrier)
+    for name, snapshot in version.snapshots.items():
+        if found[tables[name].id] != snapshot:
+            raise Conflict(
+                f"table '{name}' changed while this request ran (a revision was swapped "
+                "in): nothing was pinned. Ask again",
+                field="tables",
+                code="version_changed",
+            )
+    _check_horizons(version, tables, "tables")
+    return tables
 
 
 def delete_lease(session: Session, lease_id: str) -> None:
