@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from sqlalchemy import ColumnElement, case, delete, func, select, update
+from sqlalchemy import ColumnElement, case, delete, func, or_, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from metaservice.errors import NotFound
@@ -33,6 +33,22 @@ def lock_job(session: Session, job_id: int) -> Job:
     return job
 
 
+def lock_jobs_by_name(session: Session, names: Iterable[str]) -> dict[str, Job]:
+    """The named jobs' rows, locked in name order in one statement (the order every
+    report request takes, so two of them never deadlock); missing names are left out."""
+    wanted = sorted({n for n in names if "\x00" not in n})  # PostgreSQL refuses NUL
+    if not wanted:
+        return {}
+    rows = session.execute(
+        select(Job)
+        .where(Job.name.in_(wanted))
+        .order_by(Job.name)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    ).scalars()
+    return {job.name: job for job in rows}
+
+
 def clock(session: Session) -> ClockState:
     return session.execute(select(ClockState).where(ClockState.id == 1)).scalar_one()
 
@@ -56,6 +72,19 @@ def batches_by_id(session: Session, job_id: int, batch_ids: Sequence[int]) -> di
         select(Batch).where(Batch.job_id == job_id, Batch.batch_id.in_(set(batch_ids)))
     ).scalars()
     return {batch.batch_id: batch for batch in rows}
+
+
+def batches_by_key(
+    session: Session, keys: Iterable[tuple[int, int]]
+) -> dict[tuple[int, int], Batch]:
+    """Batches by (job id, batch id), in one statement."""
+    wanted = set(keys)
+    if not wanted:
+        return {}
+    rows = session.execute(
+        select(Batch).where(tuple_(Batch.job_id, Batch.batch_id).in_(sorted(wanted)))
+    ).scalars()
+    return {(batch.job_id, batch.batch_id): batch for batch in rows}
 
 
 def newest_batch(session: Session, job_id: int) -> Batch | None:
@@ -106,7 +135,17 @@ def plan_ending_at(
 
 def drop_plans_upto(session: Session, job_id: int, after: int) -> None:
     """Forget plans of batches that start at or before ``after`` (their batch exists)."""
-    session.execute(delete(BatchPlan).where(BatchPlan.job_id == job_id, BatchPlan.after <= after))
+    drop_plans_upto_many(session, {job_id: after})
+
+
+def drop_plans_upto_many(session: Session, upto: dict[int, int]) -> None:
+    """:func:`drop_plans_upto` for several jobs (job id -> after) in one statement."""
+    if upto:
+        session.execute(
+            delete(BatchPlan).where(
+                or_(*((BatchPlan.job_id == j) & (BatchPlan.after <= a) for j, a in upto.items()))
+            )
+        )
 
 
 def add_batch_inputs(
@@ -269,6 +308,31 @@ def commit_with_snapshot(session: Session, table_id: int, snapshot_id: int) -> C
     return session.execute(
         select(Commit).where(Commit.table_id == table_id, Commit.snapshot_id == snapshot_id)
     ).scalar_one_or_none()
+
+
+def commits_of_batches(session: Session, keys: Iterable[tuple[int, int]]) -> list[Commit]:
+    """Every commit of the batches given by (job id, batch id), in one statement."""
+    wanted = set(keys)
+    if not wanted:
+        return []
+    return list(
+        session.execute(
+            select(Commit).where(tuple_(Commit.job_id, Commit.batch_id).in_(sorted(wanted)))
+        ).scalars()
+    )
+
+
+def commits_with_snapshots(
+    session: Session, keys: Iterable[tuple[int, int]]
+) -> dict[tuple[int, int], Commit]:
+    """Commits by (table id, snapshot id), in one statement."""
+    wanted = set(keys)
+    if not wanted:
+        return {}
+    rows = session.execute(
+        select(Commit).where(tuple_(Commit.table_id, Commit.snapshot_id).in_(sorted(wanted)))
+    ).scalars()
+    return {(c.table_id, c.snapshot_id): c for c in rows if c.snapshot_id is not None}
 
 
 def count_batch_commits(session: Session, job_id: int, batch_id: int) -> int:

@@ -580,53 +580,101 @@ def batch_view(session: Session, job: Job, batch: Batch) -> BatchBarrier:
 
 
 class _ReportScope:
-    """Looks up each job and table once per request, and locks jobs in name order
-    so that two requests touching the same jobs never deadlock."""
+    """What a report request needs, read up front in a few set-based statements, then
+    kept up to date in memory as its reports are recorded in order (a report may be a
+    duplicate or a conflict of an earlier one in the same request).
+
+    Jobs are locked in name order, so two requests touching the same jobs never
+    deadlock. The statements do not grow with the number of reports.
+    """
 
     def __init__(
-        self, session: Session, reports: Sequence[CommitReport], field_prefix: str = ""
+        self,
+        session: Session,
+        ctx: Context,
+        reports: Sequence[CommitReport],
+        field_prefix: str = "",
     ) -> None:
         self.session = session
+        self.ctx = ctx
         self.tables = topo.tables_by_names(session, sorted({r.table for r in reports}))
-        self.jobs: dict[str, Job] = {}
-        self.outputs: dict[int, int] = {}
+        self.jobs = repo.lock_jobs_by_name(session, [r.job for r in reports])
         first: dict[str, int] = {}  # job -> index of its first report, for the error field
         for index, r in enumerate(reports):
             first.setdefault(r.job, index)
         for name in sorted(first):
-            field = f"{field_prefix}{first[name]}.job" if field_prefix else "job"
-            job = repo.lock_job(session, topo.require_job(session, name, field=field).id)
-            self.jobs[name] = job
-            self.outputs[job.id] = topo.count_outputs(session, job.id)
+            if name not in self.jobs:
+                field = f"{field_prefix}{first[name]}.job" if field_prefix else "job"
+                topo.require_job(session, name, field=field)  # raises NotFound
+        keys = {(self.jobs[r.job].id, r.batch_id) for r in reports}
+        self.batches = repo.batches_by_key(session, keys)
+        self.commits: dict[tuple[int, int, int], Commit] = {}
+        self.counts: dict[tuple[int, int], int] = {}
+        for c in repo.commits_of_batches(session, self.batches):
+            self.commits[(c.job_id, c.batch_id, c.table_id)] = c
+            self.counts[(c.job_id, c.batch_id)] = self.counts.get((c.job_id, c.batch_id), 0) + 1
+        self.by_snapshot = repo.commits_with_snapshots(
+            session,
+            {
+                (self.tables[r.table].id, r.snapshot_id)
+                for r in reports
+                if r.snapshot_id is not None and r.table in self.tables
+            },
+        )
+        self._outputs: dict[int, int] | None = None
+        self._newest: int | None = None
+        self.added: list[Commit] = []
+        self.plans_upto: dict[int, int] = {}  # derived job id -> plans to drop
 
     def table(self, name: str, field: str) -> Table:
         if name not in self.tables:
             topo.require_table(self.session, name, field=field)  # raises NotFound
         return self.tables[name]
 
+    def outputs(self, job: Job) -> int:
+        """The job's output count, for batches from before each batch recorded its own."""
+        if self._outputs is None:
+            ids = [j.id for j in self.jobs.values()]
+            self._outputs = topo.count_outputs_of(self.session, ids)
+        return self._outputs[job.id]
+
+    def newest(self) -> int:
+        """The newest barrier handed out (read only when a report's barrier lies ahead)."""
+        if self._newest is None:
+            self._newest = max(self.ctx.now_slot(), repo.clock(self.session).last_issued)
+        return self._newest
+
+    def add(self, commit: Commit) -> None:
+        self.added.append(commit)
+        self.commits[(commit.job_id, commit.batch_id, commit.table_id)] = commit
+        if commit.snapshot_id is not None:
+            self.by_snapshot[(commit.table_id, commit.snapshot_id)] = commit
+        key = (commit.job_id, commit.batch_id)
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+    def flush(self) -> None:
+        """Write what the request recorded: new commits, then batches, jobs and plans."""
+        self.session.add_all(self.added)
+        repo.drop_plans_upto_many(self.session, self.plans_upto)  # flushes the rest first
+        self.session.flush()
+
 
 def report_commits(
     session: Session, ctx: Context, reports: Sequence[CommitReport], *, field_prefix: str = ""
 ) -> CommitBatchResult:
     """Record commit reports, all or nothing: one bad report refuses the whole request."""
-    scope = _ReportScope(session, reports, field_prefix)
-    newest = max(ctx.now_slot(), repo.clock(session).last_issued)
+    scope = _ReportScope(session, ctx, reports, field_prefix)
     results = []
     for index, report in enumerate(reports):
         prefix = f"{field_prefix}{index}." if field_prefix else ""
-        results.append(_record(session, ctx, scope, report, newest, prefix))
+        results.append(_record(scope, report, prefix))
+    scope.flush()
     recorded = sum(1 for r in results if r.status == "recorded")
     return CommitBatchResult(results=results, recorded=recorded, duplicates=len(results) - recorded)
 
 
-def _record(
-    session: Session,
-    ctx: Context,
-    scope: _ReportScope,
-    report: CommitReport,
-    newest: int,
-    prefix: str,
-) -> CommitResult:
+def _record(scope: _ReportScope, report: CommitReport, prefix: str) -> CommitResult:
+    ctx = scope.ctx
     job = scope.jobs[report.job]
     table = scope.table(report.table, field=f"{prefix}table")
     if table.writer_id != job.id:
@@ -635,11 +683,12 @@ def _record(
             field=f"{prefix}table",
             code="not_writer",
         )
-    batch = repo.get_batch(session, job.id, report.batch_id)
+    batch = scope.batches.get((job.id, report.batch_id))
     # A source job's own offline claim may lie ahead of the service's clock.
-    if report.barrier > max(newest, batch.barrier if batch is not None else 0):
+    own = batch.barrier if batch is not None else 0
+    if report.barrier > max(ctx.now_slot(), own) and report.barrier > max(scope.newest(), own):
         raise Invalid(
-            f"barrier {report.barrier} is in the future: the barrier clock is at {newest}",
+            f"barrier {report.barrier} is in the future: the barrier clock is at {scope.newest()}",
             field=f"{prefix}barrier",
             code="barrier_from_future",
         )
@@ -664,7 +713,7 @@ def _record(
             field=f"{prefix}barrier",
             code="barrier_mismatch",
         )
-    existing = repo.get_commit(session, job.id, report.batch_id, table.id)
+    existing = scope.commits.get((job.id, report.batch_id, table.id))
     if existing is not None:
         if existing.snapshot_id != report.snapshot_id:
             raise Conflict(
@@ -675,7 +724,7 @@ def _record(
             )
         return _result(report, "duplicate", batch.committed)
     if report.snapshot_id is not None:
-        other = repo.commit_with_snapshot(session, table.id, report.snapshot_id)
+        other = scope.by_snapshot.get((table.id, report.snapshot_id))
         if other is not None:
             raise Conflict(
                 f"snapshot {report.snapshot_id} of '{table.name}' was already reported "
@@ -683,7 +732,7 @@ def _record(
                 field=f"{prefix}snapshot_id",
                 code="conflicting_report",
             )
-    session.add(
+    scope.add(
         Commit(
             job_id=job.id,
             batch_id=report.batch_id,
@@ -693,18 +742,27 @@ def _record(
             created_ms=ctx.now_ms(),
         )
     )
-    session.flush()
     # A batch completes once; a job that gained an output later must not count it twice.
-    needed = batch.outputs if batch.outputs is not None else scope.outputs[job.id]
-    complete = repo.count_batch_commits(session, job.id, report.batch_id) >= needed
+    needed = batch.outputs if batch.outputs is not None else scope.outputs(job)
+    complete = scope.counts[(job.id, report.batch_id)] >= needed
     if complete and not batch.committed:
-        complete_batch(session, ctx, job, batch)
+        drop = mark_complete(ctx, job, batch)
+        if drop is not None:
+            scope.plans_upto[job.id] = max(drop, scope.plans_upto.get(job.id, drop))
     return _result(report, "recorded", batch.committed)
 
 
 def complete_batch(session: Session, ctx: Context, job: Job, batch: Batch) -> None:
     """Mark a batch committed once every output is recorded and move the job's progress
     (also used by reconciliation, so both paths complete a batch the same way)."""
+    drop = mark_complete(ctx, job, batch)
+    if drop is not None:
+        repo.drop_plans_upto(session, job.id, drop)
+
+
+def mark_complete(ctx: Context, job: Job, batch: Batch) -> int | None:
+    """:func:`complete_batch` on the rows in memory; answers where the job's plans may
+    be dropped up to (a derived batch's start: its plan is used), or None."""
     batch.committed = True
     batch.committed_ms = ctx.now_ms()
     job.last_barrier = max(job.last_barrier or 0, batch.barrier)
@@ -715,12 +773,11 @@ def complete_batch(session: Session, ctx: Context, job: Job, batch: Batch) -> No
         if job.open_batches == 0:
             # Under the row lock no batch can be given a barrier <= the closed slot any more.
             job.frontier = max(job.frontier, fr.sealable_slot(ctx, job))
-    else:
-        job.frontier = max(job.frontier, batch.barrier)
-        if job.pending_target is not None and job.pending_target <= batch.barrier:
-            job.pending_target = None
-        if batch.start_barrier is not None:
-            repo.drop_plans_upto(session, job.id, batch.start_barrier)
+        return None
+    job.frontier = max(job.frontier, batch.barrier)
+    if job.pending_target is not None and job.pending_target <= batch.barrier:
+        job.pending_target = None
+    return batch.start_barrier
 
 
 def _result(report: CommitReport, status: str, committed: bool) -> CommitResult:

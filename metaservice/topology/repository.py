@@ -100,6 +100,20 @@ def count_outputs(session: Session, job_id: int) -> int:
     ).scalar_one()
 
 
+def count_outputs_of(session: Session, job_ids: Sequence[int]) -> dict[int, int]:
+    """:func:`count_outputs` of several jobs in one statement (0 for a job with none)."""
+    if not job_ids:
+        return {}
+    rows = session.execute(
+        select(Table.writer_id, func.count())
+        .where(Table.writer_id.in_(job_ids))
+        .group_by(Table.writer_id)
+    )
+    counts = {job_id: 0 for job_id in job_ids}
+    counts.update({job_id: n for job_id, n in rows if job_id is not None})
+    return counts
+
+
 def edges_of_jobs(
     session: Session, job_ids: Sequence[int]
 ) -> tuple[dict[int, list[str]], dict[int, list[str]]]:

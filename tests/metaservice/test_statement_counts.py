@@ -24,18 +24,21 @@ from tests.metaservice.helpers import API, SLOT, barrier, commit, put_job, repor
 # operation -> (SQLite, PostgreSQL) upper bounds
 BOUNDS: dict[str, tuple[int, int]] = {
     "source barrier": (14, 13),
-    "source report": (13, 12),
+    "source report": (9, 8),
     "derived barrier": (17, 16),
-    "derived report": (14, 13),
+    "derived report": (10, 9),
     "next-barrier": (15, 14),
-    "batched reports, 1": (13, 12),
-    "batched reports, 10": (103, 102),
-    "batched reports, 100": (733, 732),
+    "batched reports, 1": (9, 8),
+    "batched reports, 10": (19, 9),
+    "batched reports, 100": (108, 9),
     "consistent version, 50 tables": (119, 117),
     "consistent version, 50 tables, sealing": (523, 518),
 }
-# How much a batched report request may grow from 10 to 100 reports (10 jobs).
-BATCH_GROWTH = 630
+# How much a batched report request may grow from 10 to 100 reports (10 jobs): on
+# PostgreSQL not at all (set-based reads, one INSERT, executemany UPDATEs); on SQLite by
+# one UPDATE per completed batch (pysqlite reports no rowcount for executemany, so the
+# ORM updates rows one by one).
+BATCH_GROWTH = (90, 0)
 
 
 class Counter:
@@ -167,7 +170,7 @@ def test_batched_reports_cost_does_not_grow_with_the_reports(client, clock, db_u
     check(client, db_url, "batched reports, 1", n1)
     check(client, db_url, "batched reports, 10", n10)
     check(client, db_url, "batched reports, 100", n100)
-    assert n100 - n10 <= BATCH_GROWTH, (n10, n100)
+    assert n100 - n10 <= BATCH_GROWTH[0 if db_url.startswith("sqlite") else 1], (n10, n100)
 
 
 def _fifty_tables(client, clock) -> list[str]:
