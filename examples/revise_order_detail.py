@@ -57,7 +57,10 @@ def discounted_amount(quantity: Column, price: Column) -> Column:
 
 def line_kind(row: dict[str, Any]) -> str:
     """``old`` if a detail row is at list price, ``new`` if discounted, else ``wrong``
-    (Spark's cast to a decimal rounds half up)."""
+    (Spark's cast to a decimal rounds half up). A line whose item had no price yet at
+    its barrier has no amount either, before and after the revision: ``unpriced``."""
+    if row["price"] is None:
+        return "unpriced" if row["amount"] is None else "wrong"
     listed = row["quantity"] * row["price"]
     if row["amount"] == listed.quantize(CENT, ROUND_HALF_UP):
         return "old"

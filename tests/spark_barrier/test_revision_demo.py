@@ -15,10 +15,12 @@ from examples import warehouse_pipeline as wp
 from tests.spark_barrier.pipeline import Service
 
 
-def _tables(lines: list[tuple[int, int, str, str]]) -> dict[str, list[dict[str, Any]]]:
+def _tables(
+    lines: list[tuple[int, int, str | None, str | None]],
+) -> dict[str, list[dict[str, Any]]]:
     """Orders, detail and revenue rows from (order_id, item_id, price, amount) lines."""
     detail = [
-        {"order_id": o, "item_id": i, "quantity": 3, "price": D(p), "amount": D(a)}
+        {"order_id": o, "item_id": i, "quantity": 3, "price": _d(p), "amount": _d(a)}
         for o, i, p, a in lines
     ]
     revenue: dict[int, dict[str, Any]] = {}
@@ -26,13 +28,17 @@ def _tables(lines: list[tuple[int, int, str, str]]) -> dict[str, list[dict[str, 
         item = revenue.setdefault(
             line["item_id"], {"item_id": line["item_id"], "revenue": D(0), "order_count": 0}
         )
-        item["revenue"] += line["amount"]
+        item["revenue"] += line["amount"] or D(0)
         item["order_count"] += 1
     return {
         wp.ORDERS: [{"order_id": line["order_id"]} for line in detail],
         wp.DETAIL: detail,
         wp.REVENUE: list(revenue.values()),
     }
+
+
+def _d(text: str | None) -> D | None:
+    return None if text is None else D(text)
 
 
 def test_samples_are_told_old_new_mixed_or_wrong() -> None:
@@ -48,6 +54,12 @@ def test_samples_are_told_old_new_mixed_or_wrong() -> None:
     revenue_behind = _tables([(1, 7, "1.15", "3.45"), (2, 7, "1.15", "3.11")])
     revenue_behind[wp.REVENUE][0]["revenue"] = D("6.90")  # the old revenue, the new detail
     assert rev.classify(0, revenue_behind, placed_after=1).kind == "wrong"
+    # an order for an item that had no price yet at its barrier: no amount, either way
+    unpriced = [(3, 9, None, None)]
+    assert rev.classify(0, _tables([(1, 7, "1.15", "3.45"), *unpriced]), 1).kind == "old"
+    assert rev.classify(0, _tables([(2, 7, "1.15", "3.11"), *unpriced]), 1).kind == "new"
+    amount_without_price = _tables([(1, 7, "1.15", "3.45"), (3, 9, None, "1.00")])
+    assert rev.classify(0, amount_without_price, placed_after=1).kind == "wrong"
 
 
 @pytest.mark.spark
