@@ -31,20 +31,20 @@ from metaservice.barriers.schemas import BatchBarrier, ClaimedBarrier, OfflineGr
 from metaservice.barriers.service import (
     MAX_CLAIM_AHEAD_MS,
     batch_view,
-    check_query,
+    check_query_of,
+    lock_job_named,
     open_source_batch,
 )
 from metaservice.context import Context
 from metaservice.contract import on_grid, slot_of
 from metaservice.errors import Conflict, Invalid, ServiceError
 from metaservice.models import SOURCE, Batch, Job
-from metaservice.topology import repository as topo
 
 log = logging.getLogger("metaservice.offline")
 
 
 def _source_job(session: Session, job_name: str) -> Job:
-    job = repo.lock_job(session, topo.require_job(session, job_name).id)
+    job = lock_job_named(session, job_name)
     if job.kind != SOURCE:
         raise Invalid(
             f"job '{job.name}' reads tables; only source jobs can give their batches "
@@ -74,7 +74,7 @@ def grant(session: Session, ctx: Context, job_name: str, promised_floor: int) ->
 
 def release(session: Session, ctx: Context, job_name: str) -> None:
     """Give up the grant (idempotent): the job's frontier follows the clock again."""
-    job = repo.lock_job(session, topo.require_job(session, job_name).id)
+    job = lock_job_named(session, job_name)
     job.offline_floor = None
     job.last_seen_ms = ctx.now_ms()
 
@@ -110,8 +110,8 @@ def claim_many(
     for index, item in enumerate(claims):
         try:
             query = item.query_id or query_id
-            check_query(session, job, item.batch_id, query, known.get(item.batch_id))
-            batch = _claim_one(session, ctx, job, item, known.get(item.batch_id), newest)
+            check_query_of(job, item.batch_id, query, known.get(item.batch_id) or newest)
+            batch = _claim_one(session, ctx, job, item, known.get(item.batch_id), newest, query)
             if batch.query_id is None:
                 batch.query_id = query
         except ServiceError as exc:
@@ -134,6 +134,7 @@ def _claim_one(
     item: ClaimedBarrier,
     batch: Batch | None,
     newest: Batch | None,
+    query_id: str | None,
 ) -> Batch:
     if batch is not None and batch.barrier == item.barrier:
         return batch  # delivered before
@@ -147,7 +148,7 @@ def _claim_one(
         )
     if batch is None:
         _check_not_behind(job, newest, item)
-        return open_source_batch(session, ctx, job, item.batch_id, item.barrier)
+        return open_source_batch(session, ctx, job, item.batch_id, item.barrier, query_id)
     if batch.committed:
         raise Conflict(
             f"batch {item.batch_id} of job '{job.name}' committed at barrier {batch.barrier}, "

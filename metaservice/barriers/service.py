@@ -48,23 +48,37 @@ def batch_barrier(
 ) -> BatchBarrier:
     """The barrier of a batch; the same answer for a replayed batch."""
     request = request or BatchRequest()
-    job = repo.lock_job(session, topo.require_job(session, job_name).id)
+    job = lock_job_named(session, job_name)
     batch = repo.get_batch(session, job.id, batch_id)
-    check_query(session, job, batch_id, request.query_id, batch)
     if batch is None:
+        newest = repo.newest_batch(session, job.id)
+        check_query_of(job, batch_id, request.query_id, newest)
         check_superseded(session, job)
-        check_batch_order(session, job, batch_id)
+        check_batch_order(job, batch_id, newest)
         if job.kind == SOURCE:
-            batch = _new_source_batch(session, ctx, job, batch_id)
+            barrier = _next_source_barrier(session, ctx, job, newest)
+            batch = open_source_batch(session, ctx, job, batch_id, barrier, request.query_id)
         else:
-            batch = _new_derived_batch(session, ctx, job, batch_id, request)
-        batch.query_id = request.query_id
-    elif batch.abandoned:
-        _reopen_abandoned(session, ctx, job, batch)
-    elif job.kind == DERIVED:
-        _check_planned(job, batch, request)
+            batch, inputs = _new_derived_batch(session, ctx, job, batch_id, request, newest)
+            job.last_seen_ms = ctx.now_ms()
+            return batch_view(session, job, batch, inputs)
+    else:
+        check_query_of(job, batch_id, request.query_id, batch)
+        if batch.abandoned:
+            _reopen_abandoned(session, ctx, job, batch)
+        elif job.kind == DERIVED:
+            _check_planned(job, batch, request)
     job.last_seen_ms = ctx.now_ms()
     return batch_view(session, job, batch)
+
+
+def lock_job_named(session: Session, name: str) -> Job:
+    """The job's row by name, locked (see ``repo.lock_job``), in one statement; 404 for
+    an unknown job."""
+    job = repo.lock_jobs_by_name(session, [name]).get(name)
+    if job is None:
+        raise topo.unknown_job(name)
+    return job
 
 
 def check_superseded(session: Session, job: Job) -> None:
@@ -84,8 +98,9 @@ def check_superseded(session: Session, job: Job) -> None:
     )
 
 
-def check_batch_order(session: Session, job: Job, batch_id: int) -> None:
-    last = repo.last_batch_id(session, job.id)
+def check_batch_order(job: Job, batch_id: int, newest: Batch | None) -> None:
+    """Refuse a new batch below the job's newest (Spark) batch."""
+    last = newest.batch_id if newest is not None else None
     if last is not None and batch_id < last:
         raise Conflict(
             f"job '{job.name}' already has batch {last}; batch ids must increase "
@@ -106,7 +121,14 @@ def check_query(
     """
     if query_id is None:
         return
-    known = batch if batch is not None else repo.newest_batch(session, job.id)
+    check_query_of(job, batch_id, query_id, batch or repo.newest_batch(session, job.id))
+
+
+def check_query_of(job: Job, batch_id: int, query_id: str | None, known: Batch | None) -> None:
+    """:func:`check_query` against a batch already read: the batch itself, or for a new
+    batch the job's newest."""
+    if query_id is None:
+        return
     if known is None or known.query_id is None or known.query_id == query_id:
         return
     raise Conflict(
@@ -120,25 +142,26 @@ def check_query(
     )
 
 
-def _new_source_batch(session: Session, ctx: Context, job: Job, batch_id: int) -> Batch:
-    return open_source_batch(session, ctx, job, batch_id, _next_source_barrier(session, ctx, job))
-
-
-def _next_source_barrier(session: Session, ctx: Context, job: Job) -> int:
+def _next_source_barrier(session: Session, ctx: Context, job: Job, newest: Batch | None) -> int:
     # Never below the last issued barrier (clock stepped back after a restart), never
     # at or below a sealed frontier (a reader already took that slot as complete) and
     # never below the job's own newest batch (which an offline claim may have put
     # ahead of the service's clock: only this job's barriers follow it).
-    newest = repo.newest_batch(session, job.id)
     own = newest.barrier if newest is not None else 0
     state = repo.clock(session)
     return max(ctx.now_slot(), state.last_issued, job.frontier + ctx.interval, own)
 
 
 def open_source_batch(
-    session: Session, ctx: Context, job: Job, batch_id: int, barrier: int
+    session: Session,
+    ctx: Context,
+    job: Job,
+    batch_id: int,
+    barrier: int,
+    query_id: str | None = None,
 ) -> Batch:
-    """A new open batch of a source job at ``barrier`` (it holds the job's frontier below it)."""
+    """A new open batch of a source job at ``barrier`` (it holds the job's frontier below
+    it); written with the transaction's other changes (one flush)."""
     # A claim ahead of the service's clock moves no other job's barriers.
     repo.raise_last_issued(session, min(barrier, ctx.now_slot()))
     batch = Batch(
@@ -148,10 +171,10 @@ def open_source_batch(
         committed=False,
         created_ms=ctx.now_ms(),
         outputs=topo.count_outputs(session, job.id),
+        query_id=query_id,
     )
     session.add(batch)
     job.open_batches += 1
-    session.flush()
     return batch
 
 
@@ -164,7 +187,7 @@ def _reopen_abandoned(session: Session, ctx: Context, job: Job, batch: Batch) ->
             field="batch_id",
             code="batch_abandoned",
         )
-    barrier = _next_source_barrier(session, ctx, job)
+    barrier = _next_source_barrier(session, ctx, job, repo.newest_batch(session, job.id))
     log.info(
         "job %s batch %d was abandoned at barrier %d; replayed at %d",
         job.name, batch.batch_id, batch.barrier, barrier,
@@ -185,7 +208,7 @@ def abandon_batch(session: Session, ctx: Context, job_name: str, batch_id: int) 
     it), and its late commit reports are refused. A replay of the batch by a
     restarted driver gets a new barrier.
     """
-    job = repo.lock_job(session, topo.require_job(session, job_name).id)
+    job = lock_job_named(session, job_name)
     batch = repo.get_batch(session, job.id, batch_id)
     if batch is None:
         raise NotFound(
@@ -217,20 +240,24 @@ def abandon_batch(session: Session, ctx: Context, job_name: str, batch_id: int) 
     return batch_view(session, job, batch)
 
 
-def _derived_start(session: Session, job: Job) -> int:
+def _derived_start(job: Job, newest: Batch | None) -> int:
     """Where a derived job's next batch starts: the end of its newest batch when that
     batch's report is still on its way (committed to Iceberg, reported from the
     outbox), else the job's frontier."""
-    newest = repo.newest_batch(session, job.id)
     if newest is not None and not newest.committed:
         return max(job.frontier, newest.barrier)
     return job.frontier
 
 
 def _new_derived_batch(
-    session: Session, ctx: Context, job: Job, batch_id: int, request: BatchRequest
-) -> Batch:
-    newest = repo.newest_batch(session, job.id)
+    session: Session,
+    ctx: Context,
+    job: Job,
+    batch_id: int,
+    request: BatchRequest,
+    newest: Batch | None,
+) -> tuple[Batch, list[Table]]:
+    """The new batch and the inputs it reads."""
     if request.end is None:
         # A caller that does not say what it planned gets the plan after the frontier.
         still_open = repo.open_batch(session, job.id)
@@ -260,13 +287,12 @@ def _new_derived_batch(
         committed=False,
         created_ms=ctx.now_ms(),
         outputs=topo.count_outputs(session, job.id),
+        query_id=request.query_id,
     )
     session.add(batch)
-    repo.add_batch_inputs(
-        session, job.id, batch_id, [t.id for t in topo.input_tables(session, job.id)]
-    )
-    session.flush()
-    return batch
+    inputs = topo.input_tables(session, job.id)
+    repo.add_batch_inputs(session, job.id, batch_id, [t.id for t in inputs])
+    return batch, inputs
 
 
 def _planned(
@@ -276,7 +302,7 @@ def _planned(
     the MetaService handed out."""
     end = request.end
     assert end is not None
-    start = _derived_start(session, job)
+    start = _derived_start(job, newest)
     if (request.start is not None and request.start == end) or (
         request.start is None and end == start
     ):
@@ -368,7 +394,7 @@ def next_barrier_round(
 ) -> tuple[NextBarrier, bool]:
     """:func:`next_barrier`, and whether a "not ready" answer was held from an earlier
     call of the same round (asking again in this round cannot change it)."""
-    job = repo.lock_job(session, topo.require_job(session, job_name).id)
+    job = lock_job_named(session, job_name)
     if job.kind != DERIVED:
         raise Invalid(
             f"job '{job.name}' has no table inputs; a source job's batches get their "
@@ -377,7 +403,6 @@ def next_barrier_round(
             code="not_derived",
         )
     check_superseded(session, job)
-    job.last_seen_ms = ctx.now_ms()
     start = job.frontier if after is None else after
     if after is not None:
         _check_start(session, job, after)
@@ -389,6 +414,7 @@ def next_barrier_round(
         start_barrier=start,
         ready=target is not None and target > start,
     )
+    job.last_seen_ms = ctx.now_ms()  # last: written with the plan's changes
     return answer, held
 
 
@@ -433,7 +459,6 @@ def _plan(
     plan.asked = source or ""
     if after == job.frontier:
         job.pending_target = target
-    session.flush()
     return plan, False
 
 
@@ -550,24 +575,31 @@ def input_ranges(
 
 
 def _ranges(session: Session, inputs: Sequence[Table], after: int, to: int) -> list[InputRange]:
+    ids = [table.id for table in inputs]
+    starts, ends = repo.snapshots_at(session, ids, after), repo.snapshots_at(session, ids, to)
     return [
         InputRange(
             table=table.name,
             from_barrier=after,
             to_barrier=to,
-            from_snapshot=repo.snapshot_at(session, table.id, after),
-            to_snapshot=repo.snapshot_at(session, table.id, to),
+            from_snapshot=starts[table.id],
+            to_snapshot=ends[table.id],
         )
         for table in inputs
     ]
 
 
-def batch_view(session: Session, job: Job, batch: Batch) -> BatchBarrier:
+def batch_view(
+    session: Session, job: Job, batch: Batch, inputs: Sequence[Table] | None = None
+) -> BatchBarrier:
+    """The batch as answered; ``inputs``, when the caller just read them, saves the
+    lookup of the batch's recorded inputs."""
     ranges: list[InputRange] = []
     if batch.start_barrier is not None:
-        inputs = repo.batch_input_tables(session, job.id, batch.batch_id) or topo.input_tables(
-            session, job.id
-        )
+        if inputs is None:
+            inputs = repo.batch_input_tables(session, job.id, batch.batch_id) or topo.input_tables(
+                session, job.id
+            )
         ranges = _ranges(session, inputs, batch.start_barrier, batch.barrier)
     return BatchBarrier(
         job=job.name,
@@ -605,7 +637,7 @@ class _ReportScope:
         for name in sorted(first):
             if name not in self.jobs:
                 field = f"{field_prefix}{first[name]}.job" if field_prefix else "job"
-                topo.require_job(session, name, field=field)  # raises NotFound
+                raise topo.unknown_job(name, field)
         keys = {(self.jobs[r.job].id, r.batch_id) for r in reports}
         self.batches = repo.batches_by_key(session, keys)
         self.commits: dict[tuple[int, int, int], Commit] = {}

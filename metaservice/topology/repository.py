@@ -35,11 +35,14 @@ def job_by_name(session: Session, name: str) -> Job | None:
 def require_job(session: Session, name: str, field: str = "job") -> Job:
     job = job_by_name(session, name)
     if job is None:
-        raise NotFound(
-            f"job '{name}' is not registered; register it with PUT /api/v1/jobs/{name}",
-            field=field,
-        )
+        raise unknown_job(name, field)
     return job
+
+
+def unknown_job(name: str, field: str = "job") -> NotFound:
+    return NotFound(
+        f"job '{name}' is not registered; register it with PUT /api/v1/jobs/{name}", field=field
+    )
 
 
 def table_by_name(session: Session, name: str) -> Table | None:

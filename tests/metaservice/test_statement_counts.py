@@ -23,16 +23,18 @@ from tests.metaservice.helpers import API, SLOT, barrier, commit, put_job, repor
 
 # operation -> (SQLite, PostgreSQL) upper bounds
 BOUNDS: dict[str, tuple[int, int]] = {
-    "source barrier": (14, 13),
+    "source barrier": (10, 9),
     "source report": (9, 8),
-    "derived barrier": (17, 16),
+    "derived barrier": (12, 11),
     "derived report": (10, 9),
-    "next-barrier": (15, 14),
+    "next-barrier": (13, 12),
     "batched reports, 1": (9, 8),
     "batched reports, 10": (19, 9),
     "batched reports, 100": (108, 9),
     "consistent version, 50 tables": (119, 117),
-    "consistent version, 50 tables, sealing": (523, 518),
+    # Sealing varies by a statement or two with the order PostgreSQL returns job rows
+    # (its heap order follows updates): jobs sharing sources seal them in turn.
+    "consistent version, 50 tables, sealing": (523, 520),
 }
 # How much a batched report request may grow from 10 to 100 reports (10 jobs): on
 # PostgreSQL not at all (set-based reads, one INSERT, executemany UPDATEs); on SQLite by
