@@ -17,6 +17,18 @@ with some jobs lagging one barrier behind):
 - ``GET /lineage`` upstream latency, depth unlimited and depth 3, from the top layers;
 - the first lineage call, which builds the service's cached graph of 20,000 nodes.
 
+Cycles (``--part cycles``), 16 clients on one service with 100 ms barrier slots, each
+client looping for a fixed time; every figure is a request rate set against the
+``GET /healthz`` rate measured at the same concurrency in the same run (the floor of
+HTTP, routing and JSON on this machine):
+
+- source batch cycles: a new batch's barrier, then its commit report (each client owns
+  its own source jobs);
+- derived batch cycles: ``next-barrier``, the batch's barrier, its report, with the
+  client's own source advanced in between (those two requests counted too);
+- ``next-barrier`` polls of a derived job whose source is idle (the service seals the
+  source and advances the job each slot, as for any idle pipeline).
+
 Latencies are measured by one client, sequentially, and include HTTP and JSON on
 loopback. The service runs as ``uvicorn --factory metaservice.app:create_app`` (what
 ``metaservice start`` runs), started and stopped by this script on a free port.
@@ -187,11 +199,14 @@ def _free_port() -> int:
 
 
 @contextmanager
-def service(db_url: str, workdir: Path, workers: int) -> Iterator[Server]:
+def service(
+    db_url: str, workdir: Path, workers: int, env_extra: dict[str, str] | None = None
+) -> Iterator[Server]:
     """``uvicorn --factory metaservice.app:create_app`` on a free loopback port."""
     port = _free_port()
     log = workdir / f"service-{port}.log"
     env = {**os.environ, "METASERVICE_DB_URL": db_url, "PYTHONUNBUFFERED": "1"}
+    env.update(env_extra or {})
     cmd = [sys.executable, "-m", "uvicorn", "--factory", "metaservice.app:create_app"]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
     cmd += ["--workers", str(workers)]
@@ -371,6 +386,149 @@ def _row(
         "per_s": count / seconds,
         "requests_per_s": requests / seconds,
     }
+
+
+# --------------------------------------------------------------------------- cycles
+
+CYCLE_CLIENTS = 16
+# Short slots, so a derived job may take a batch every 100 ms (with 1 s slots its loop
+# would be mostly "not ready" polls); the clock row is then raised 10 times a second.
+CYCLE_INTERVAL_MS = 100
+
+
+def _for_a_while(seconds: float, step: Callable[[], int]) -> int:
+    """Call ``step`` (which answers how many requests it made) until the time is up."""
+    requests, end = 0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        requests += step()
+    return requests
+
+
+def _rate(server: Server, seconds: float, step_of: Callable[[int, httpx.Client], Any]) -> float:
+    """Requests per second of 16 clients, client i looping ``step_of(i, http)()``."""
+    counts = [0] * CYCLE_CLIENTS
+
+    def work(i: int, http: httpx.Client) -> None:
+        counts[i] = _for_a_while(seconds, step_of(i, http))
+
+    elapsed = in_threads(CYCLE_CLIENTS, server.url, work)
+    return sum(counts) / elapsed
+
+
+class _SourceLoop:
+    """A client's source job: each step a new batch's barrier and its report."""
+
+    def __init__(self, http: httpx.Client, job: str, table: str, snapshot_base: int) -> None:
+        self.http, self.job, self.table = http, job, table
+        self.batch, self.snapshot = 0, snapshot_base
+
+    def __call__(self) -> int:
+        b = _ok(self.http.post(f"/jobs/{self.job}/batches/{self.batch}/barrier"))["barrier"]
+        report = {"job": self.job, "batch_id": self.batch, "barrier": b, "table": self.table}
+        _ok(self.http.post("/commits", json={**report, "snapshot_id": self.snapshot}))
+        self.batch += 1
+        self.snapshot += 1
+        return 2
+
+
+class _DerivedLoop:
+    """A client's derived job reading its own source: advance the source, then
+    next-barrier, the batch's barrier and its report once ready."""
+
+    def __init__(self, http: httpx.Client, i: int) -> None:
+        self.http, self.job, self.table = http, f"cd{i:02d}", f"bench.cd{i:02d}"
+        self.source = _SourceLoop(http, f"cs{i:02d}", f"bench.cs{i:02d}", 10_000_000 * (i + 1))
+        self.batch, self.snapshot = 0, 10_000_000 * (i + 1) + 5_000_000
+
+    def __call__(self) -> int:
+        requests = self.source()
+        nxt = _ok(self.http.get(f"/jobs/{self.job}/next-barrier"))
+        requests += 1
+        if not nxt["ready"]:
+            return requests  # the source's slot is not closed yet
+        body = {"start": nxt["start_barrier"], "end": nxt["barrier"]}
+        b = _ok(self.http.post(f"/jobs/{self.job}/batches/{self.batch}/barrier", json=body))
+        report = {"job": self.job, "batch_id": self.batch, "barrier": b["barrier"]}
+        _ok(
+            self.http.post(
+                "/commits", json={**report, "table": self.table, "snapshot_id": self.snapshot}
+            )
+        )
+        self.batch += 1
+        self.snapshot += 1
+        return requests + 2
+
+
+def bench_cycles(server: Server, db: str, quick: bool) -> list[dict[str, Any]]:
+    seconds = 3.0 if quick else 15.0
+    with httpx.Client(base_url=server.url + API, timeout=60) as http:
+        for i in range(CYCLE_CLIENTS):
+            _ok(http.put(f"/jobs/cw{i:02d}", json={"outputs": [f"bench.cw{i:02d}"]}))
+            _ok(http.put(f"/jobs/cs{i:02d}", json={"outputs": [f"bench.cs{i:02d}"]}))
+            _ok(
+                http.put(
+                    f"/jobs/cd{i:02d}",
+                    json={"inputs": [f"bench.cs{i:02d}"], "outputs": [f"bench.cd{i:02d}"]},
+                )
+            )
+            # a derived job polling an idle source (its frontier follows the clock): each
+            # slot the service seals the source and advances the idle job
+            _ok(http.put(f"/jobs/cq{i:02d}", json={"outputs": [f"bench.cq{i:02d}"]}))
+            body = {"inputs": [f"bench.cq{i:02d}"], "outputs": [f"bench.cn{i:02d}"]}
+            _ok(http.put(f"/jobs/cn{i:02d}", json=body))
+
+    def healthz(i: int, http: httpx.Client) -> Callable[[], int]:
+        url = server.url + "/healthz"
+        return lambda: (_ok(http.get(url)), 1)[1]
+
+    def source(i: int, http: httpx.Client) -> Callable[[], int]:
+        return _SourceLoop(http, f"cw{i:02d}", f"bench.cw{i:02d}", 1_000_000 * (i + 1))
+
+    loops: list[_DerivedLoop] = []
+
+    def derived(i: int, http: httpx.Client) -> Callable[[], int]:
+        loops.append(_DerivedLoop(http, i))
+        return loops[-1]
+
+    def poll(i: int, http: httpx.Client) -> Callable[[], int]:
+        return lambda: (_ok(http.get(f"/jobs/cn{i:02d}/next-barrier")), 1)[1]
+
+    floor = _rate(server, seconds, healthz)
+    rows = [{"db": db, "what": "GET /healthz", "clients": CYCLE_CLIENTS, "requests_per_s": floor}]
+    for what, step_of, goal in (
+        ("source batch cycles (barrier + report)", source, 0.5),
+        ("derived batch cycles (source, next-barrier, barrier, report)", derived, 0.5),
+        ("next-barrier polls, inputs idle", poll, 0.8),
+    ):
+        rate = _rate(server, seconds, step_of)
+        rows.append(
+            {
+                "db": db,
+                "what": what,
+                "clients": CYCLE_CLIENTS,
+                "requests_per_s": rate,
+                "of_healthz": rate / floor,
+                "goal_of_healthz": goal,
+            }
+        )
+    rows[2]["derived_batches_per_s"] = sum(loop.batch for loop in loops) / seconds
+    floor_after = _rate(server, seconds, healthz)
+    rows.append(
+        {
+            "db": db,
+            "what": "GET /healthz, again",
+            "clients": CYCLE_CLIENTS,
+            "requests_per_s": floor_after,
+        }
+    )
+    for r in rows:
+        share = (
+            f"  {r['of_healthz']:.2f} of /healthz (goal {r['goal_of_healthz']})"
+            if "of_healthz" in r
+            else ""
+        )
+        print(f"  {r['what']:62} {r['requests_per_s']:8,.0f} req/s{share}")
+    return rows
 
 
 # --------------------------------------------------------------------------- topology
@@ -755,6 +913,7 @@ def run(
         "parts": parts,
         "topology_jobs": 1000 if quick else 10_000,
         "writes": [],
+        "cycles": [],
         "reads": [],
         "statements": [],
     }
@@ -770,6 +929,14 @@ def run(
                     results["writes"] += bench_writes(server, db, quick)
                 with database(db, pg_base, workdir, "stmts") as url:
                     results["statements"] += statements_of_writes(url, db)
+            if "cycles" in parts:
+                print(f"{db}: cycles, {CYCLE_CLIENTS} clients")
+                slots = {"METASERVICE_BARRIER_INTERVAL_MS": str(CYCLE_INTERVAL_MS)}
+                with (
+                    database(db, pg_base, workdir, "cycles") as url,
+                    service(url, workdir, workers, slots) as server,
+                ):
+                    results["cycles"] += bench_cycles(server, db, quick)
             if "reads" not in parts:
                 continue
             print(f"{db}: reads on {results['topology_jobs']:,} jobs and tables")
@@ -830,7 +997,9 @@ def main() -> None:
     parser.add_argument("--db", choices=("sqlite", "postgres", "both"), default="both")
     parser.add_argument("--pg-url", default=os.environ.get("METASERVICE_TEST_PG_URL", DEFAULT_PG))
     parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
-    parser.add_argument("--part", choices=("writes", "reads", "all"), default="all")
+    parser.add_argument(
+        "--part", choices=("writes", "cycles", "reads", "all"), default="all", help="default: all"
+    )
     parser.add_argument(
         "--wait-for-idle",
         type=float,
@@ -841,7 +1010,7 @@ def main() -> None:
     args = parser.parse_args()
     wait_for_idle(args.wait_for_idle)
     dbs = ["sqlite", "postgres"] if args.db == "both" else [args.db]
-    parts = ["writes", "reads"] if args.part == "all" else [args.part]
+    parts = ["writes", "cycles", "reads"] if args.part == "all" else [args.part]
     results = run(dbs, normalise_url(args.pg_url), args.quick, args.workers, parts)
     print_table(results)
     print_statements(results)
