@@ -94,12 +94,6 @@ def newest_batch(session: Session, job_id: int) -> Batch | None:
     ).scalar_one_or_none()
 
 
-def last_batch_id(session: Session, job_id: int) -> int | None:
-    return session.execute(
-        select(func.max(Batch.batch_id)).where(Batch.job_id == job_id, _SPARK)
-    ).scalar()
-
-
 def has_batches(session: Session, job_id: int) -> bool:
     """Whether the job ever had a batch (Spark's, or an advance of the MetaService's)."""
     return (
@@ -293,14 +287,6 @@ def previous_batch(session: Session, job_id: int, batch_id: int) -> Batch | None
         .where(Batch.job_id == job_id, Batch.batch_id < batch_id)
         .order_by(Batch.batch_id.desc())
         .limit(1)
-    ).scalar_one_or_none()
-
-
-def get_commit(session: Session, job_id: int, batch_id: int, table_id: int) -> Commit | None:
-    return session.execute(
-        select(Commit).where(
-            Commit.job_id == job_id, Commit.batch_id == batch_id, Commit.table_id == table_id
-        )
     ).scalar_one_or_none()
 
 
