@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from metaservice.errors import NotFound
 from metaservice.models import SOURCE, Batch, BatchInput, BatchPlan, ClockState, Commit, Job, Table
+from metaservice.topology.repository import storable
 
 # A batch that still holds its job's progress: given a barrier, neither committed nor
 # abandoned by an operator.
@@ -36,7 +37,7 @@ def lock_job(session: Session, job_id: int) -> Job:
 def lock_jobs_by_name(session: Session, names: Iterable[str]) -> dict[str, Job]:
     """The named jobs' rows, locked in name order in one statement (the order every
     report request takes, so two of them never deadlock); missing names are left out."""
-    wanted = sorted({n for n in names if "\x00" not in n})  # PostgreSQL refuses NUL
+    wanted = sorted({n for n in names if storable(n)})
     if not wanted:
         return {}
     rows = session.execute(
