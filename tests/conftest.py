@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -118,7 +120,12 @@ def spark() -> Iterator[Any]:
     session = local_spark_builder("metaservice-tests").getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     yield session
+    _teardown_started("the local SparkSession")
+    leaked = [q.name for q in session.streams.active]
+    if leaked:  # a test left a query running: stop() waits for its batch
+        print(f"\nstreaming queries still active at the end: {leaked}", file=sys.__stderr__)
     session.stop()
+    _teardown_ended("the local SparkSession")
 
 
 @pytest.fixture
@@ -142,8 +149,11 @@ def client(settings: Settings, clock: ManualClock) -> Iterator[TestClient]:
 def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
     """A Spark standalone cluster on loopback (a master, two workers of 1 core and 1g), one
     for the whole run. Jobs on it run in a driver subprocess: see tests/cluster.py."""
-    with StandaloneCluster(base_dir=tmp_path_factory.mktemp("spark-cluster")) as cluster:
+    cluster = StandaloneCluster(base_dir=tmp_path_factory.mktemp("spark-cluster"))
+    with cluster:
         yield cluster
+        _teardown_started("the standalone cluster")
+    _teardown_ended("the standalone cluster")
 
 
 SPARK_FIXTURES = {"spark", "spark_cluster"}
@@ -167,3 +177,21 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     for the pyiceberg properties (see tests/s3.py)."""
     with S3Server(tmp_path_factory.mktemp("s3") / "moto.log") as server:
         yield server
+        _teardown_started("the S3 server")
+    _teardown_ended("the S3 server")
+
+
+# Session fixtures' teardowns are counted in the last test's teardown, which names none of
+# them: a slow one says so on the terminal (CI's log), with how long it took.
+_TEARDOWN_STARTS: dict[str, float] = {}
+_SLOW_TEARDOWN_S = 5.0
+
+
+def _teardown_started(what: str) -> None:
+    _TEARDOWN_STARTS[what] = time.monotonic()
+
+
+def _teardown_ended(what: str) -> None:
+    took = time.monotonic() - _TEARDOWN_STARTS.pop(what)
+    if took >= _SLOW_TEARDOWN_S:
+        print(f"\nslow teardown: stopping {what} took {took:.1f} s", file=sys.__stderr__)
