@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -120,12 +119,10 @@ def spark() -> Iterator[Any]:
     session = local_spark_builder("metaservice-tests").getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     yield session
-    _teardown_started("the local SparkSession")
     leaked = [q.name for q in session.streams.active]
     if leaked:  # a test left a query running: stop() waits for its batch
-        print(f"\nstreaming queries still active at the end: {leaked}", file=sys.__stderr__)
+        _SLOW_TEARDOWNS.append(f"streaming queries still active at the end: {leaked}")
     session.stop()
-    _teardown_ended("the local SparkSession")
 
 
 @pytest.fixture
@@ -149,11 +146,8 @@ def client(settings: Settings, clock: ManualClock) -> Iterator[TestClient]:
 def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
     """A Spark standalone cluster on loopback (a master, two workers of 1 core and 1g), one
     for the whole run. Jobs on it run in a driver subprocess: see tests/cluster.py."""
-    cluster = StandaloneCluster(base_dir=tmp_path_factory.mktemp("spark-cluster"))
-    with cluster:
+    with StandaloneCluster(base_dir=tmp_path_factory.mktemp("spark-cluster")) as cluster:
         yield cluster
-        _teardown_started("the standalone cluster")
-    _teardown_ended("the standalone cluster")
 
 
 SPARK_FIXTURES = {"spark", "spark_cluster"}
@@ -177,21 +171,38 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     for the pyiceberg properties (see tests/s3.py)."""
     with S3Server(tmp_path_factory.mktemp("s3") / "moto.log") as server:
         yield server
-        _teardown_started("the S3 server")
-    _teardown_ended("the S3 server")
 
 
-# Session fixtures' teardowns are counted in the last test's teardown, which names none of
-# them: a slow one says so on the terminal (CI's log), with how long it took.
-_TEARDOWN_STARTS: dict[str, float] = {}
+# Fixture teardowns that take long, found by timing the gaps between a test's finalizers:
+# pytest counts them in the test's teardown, which names none of them (a session fixture's
+# in the last test's). Listed at the end of the run.
 _SLOW_TEARDOWN_S = 5.0
+_SLOW_TEARDOWNS: list[str] = []
+_teardown_clock: dict[str, float] = {}
 
 
-def _teardown_started(what: str) -> None:
-    _TEARDOWN_STARTS[what] = time.monotonic()
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    _teardown_clock["last"] = time.monotonic()
+    yield
+    _teardown_clock.pop("last", None)
 
 
-def _teardown_ended(what: str) -> None:
-    took = time.monotonic() - _TEARDOWN_STARTS.pop(what)
-    if took >= _SLOW_TEARDOWN_S:
-        print(f"\nslow teardown: stopping {what} took {took:.1f} s", file=sys.__stderr__)
+def pytest_fixture_post_finalizer(fixturedef: Any, request: pytest.FixtureRequest) -> None:
+    last = _teardown_clock.get("last")
+    if last is None:
+        return
+    now = time.monotonic()
+    _teardown_clock["last"] = now
+    if now - last >= _SLOW_TEARDOWN_S:
+        _SLOW_TEARDOWNS.append(
+            f"{now - last:.1f} s tearing down fixture '{fixturedef.argname}' "
+            f"({fixturedef.scope}) after {request.node.nodeid}"
+        )
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _SLOW_TEARDOWNS:
+        terminalreporter.section("slow fixture teardowns")
+        for line in _SLOW_TEARDOWNS:
+            terminalreporter.write_line(line)
