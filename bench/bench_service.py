@@ -900,6 +900,357 @@ def statements_of_reads(url: str, db_kind: str, topo: Topology) -> list[dict[str
     return rows
 
 
+# --------------------------------------------------------------------------- growth
+
+# (tables, [commit histories]) measured by --part growth; each table count is built once
+# and its history grown in steps. A history needs at least the five recent commits per
+# table that build_topology writes, so 10,000 commits only exist for 1,000 tables.
+GROWTH_POINTS: list[tuple[int, list[int]]] = [
+    (1_000, [10_000, 1_000_000, 10_000_000]),
+    (10_000, [1_000_000, 10_000_000]),
+    (100_000, [1_000_000, 10_000_000]),
+]
+GROWTH_POINTS_QUICK: list[tuple[int, list[int]]] = [
+    (1_000, [10_000, 1_000_000]),
+    (10_000, [1_000_000]),
+]
+# build_topology numbers each job's batches 0-4; the growth part moves them up to
+# BASE + 0-4, so older batches (BASE - k, one slot earlier per k) fit below them: a job
+# whose query has run for a long time, as a long history means.
+GROWTH_BATCH_BASE = 1_000_000
+# Snapshot ids the benchmark's own reports use (history: table id * 10^7 + batch id).
+GROWTH_SNAPSHOT_BASE = 5 * 10**15
+
+
+@dataclass
+class GrowthState:
+    """What the growth part knows of the database between its points."""
+
+    topo: Topology
+    depth: int = 0  # history batches per job below build_topology's five
+    newest: dict[int, int] | None = None  # job index -> its newest batch id
+
+
+def _numbers(lo: int, hi: int) -> str:
+    """A CTE ``g(k)`` of the integers lo..hi, portable to SQLite and PostgreSQL."""
+    return (
+        f"WITH RECURSIVE g(k) AS (SELECT {int(lo)} UNION ALL SELECT k + 1 FROM g "
+        f"WHERE k < {int(hi)}) "
+    )
+
+
+def grow_history(url: str, state: GrowthState, commits: int) -> dict[str, Any]:
+    """Add older batches and commits to every job until the commits table holds about
+    ``commits`` rows: each job one batch per slot further back (batch ids and barriers
+    decreasing together, derived batches starting where the previous one ended), each
+    committed with one commit for its table. Derived jobs' batches that found nothing
+    new (every seventh) report no snapshot, as empty Spark batches do. Written with
+    ``INSERT ... SELECT`` over a generated series, oldest first, in chunks of about a
+    million rows; PostgreSQL's foreign-key triggers are off while loading (the rows are
+    built consistent), then ``VACUUM ANALYZE`` as autovacuum would run."""
+    n = len(state.topo.tables)
+    engine = make_engine(url)
+    postgres = engine.dialect.name == "postgresql"
+    first = state.topo.barriers[0]
+    t0 = time.perf_counter()
+    try:
+        with engine.begin() as conn:
+            present = conn.execute(text("SELECT count(*) FROM commits")).scalar_one()
+            if state.newest is None:
+                base = GROWTH_BATCH_BASE
+                for table in ("batches", "commits"):
+                    conn.execute(text(f"UPDATE {table} SET batch_id = batch_id + {base}"))
+                conn.execute(text(f"UPDATE jobs SET last_batch_id = last_batch_id + {base}"))
+                rows = conn.execute(
+                    text("SELECT job_id, max(batch_id) FROM batches GROUP BY job_id")
+                )
+                state.newest = {job_id - 1: batch_id for job_id, batch_id in rows}
+        depth = state.depth + max(0, -(-(commits - present) // n))
+        if depth > state.depth:
+            interval = INTERVAL_MS
+            chunk = max(1, 1_000_000 // n)
+            with engine.begin() as conn:
+                if postgres:
+                    conn.execute(text("SET LOCAL session_replication_role = replica"))
+                if state.depth == 0:  # the first recent batch now has one before it
+                    conn.execute(
+                        text(
+                            f"UPDATE batches SET start_barrier = {first - interval} "
+                            f"WHERE batch_id = {GROWTH_BATCH_BASE} AND start_barrier IS NOT NULL"
+                        )
+                    )
+                # oldest first, as a service running for that long would have written them
+                for hi in range(depth, state.depth, -chunk):
+                    lo = max(state.depth + 1, hi - chunk + 1)
+                    barrier = f"({first} - g.k * {interval})"
+                    batch_id = f"({GROWTH_BATCH_BASE} - g.k)"
+                    conn.execute(
+                        text(
+                            _numbers(lo, hi)
+                            + "INSERT INTO batches (job_id, batch_id, barrier, start_barrier, "
+                            "committed, created_ms, committed_ms, query_id, abandoned, advanced, "
+                            "outputs) "
+                            f"SELECT j.id, {batch_id}, {barrier}, "
+                            f"CASE WHEN j.kind = '{DERIVED}' THEN {barrier} - {interval} END, "
+                            f"{_true(postgres)}, {barrier}, {barrier} + 500, NULL, "
+                            f"{_false(postgres)}, {_false(postgres)}, 1 "
+                            "FROM g CROSS JOIN jobs j ORDER BY g.k DESC, j.id"
+                        )
+                    )
+                    conn.execute(
+                        text(
+                            _numbers(lo, hi)
+                            + "INSERT INTO commits (job_id, batch_id, table_id, barrier, "
+                            "snapshot_id, created_ms) "
+                            f"SELECT t.writer_id, {batch_id}, t.id, {barrier}, "
+                            f"CASE WHEN j.kind = '{DERIVED}' AND g.k % 7 = 3 THEN NULL "
+                            f"ELSE CAST(t.id AS BIGINT) * 10000000 + {batch_id} END, {barrier} + 500 "
+                            "FROM g CROSS JOIN tables t JOIN jobs j ON j.id = t.writer_id "
+                            "ORDER BY g.k DESC, t.id"
+                        )
+                    )
+                    print(
+                        f"    history: {depth - lo + 1:,} of {depth - state.depth:,} slots back "
+                        f"({time.perf_counter() - t0:.0f} s)",
+                        flush=True,
+                    )
+            state.depth = depth
+        loaded = time.perf_counter() - t0
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text("VACUUM ANALYZE" if postgres else "ANALYZE"))
+            total = conn.execute(text("SELECT count(*) FROM commits")).scalar_one()
+            batches = conn.execute(text("SELECT count(*) FROM batches")).scalar_one()
+    finally:
+        engine.dispose()
+    return {
+        "commits": total,
+        "batches": batches,
+        "history_slots": state.depth,
+        "load_s": round(loaded, 1),
+        "vacuum_analyze_s": round(time.perf_counter() - t0 - loaded, 1),
+    }
+
+
+def _true(postgres: bool) -> str:
+    return "true" if postgres else "1"
+
+
+def _false(postgres: bool) -> str:
+    return "false" if postgres else "0"
+
+
+class _Timer:
+    """Latency samples by request kind: ``with timer("what"): ...``."""
+
+    def __init__(self) -> None:
+        self.samples: dict[str, list[float]] = {}
+
+    @contextmanager
+    def __call__(self, what: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        yield
+        self.samples.setdefault(what, []).append(time.perf_counter() - t0)
+
+
+def bench_growth_point(
+    server: Server, db: str, state: GrowthState, n: int, seed: int
+) -> list[dict[str, Any]]:
+    """Latency of the hot requests, one client, sequential, ``n`` samples each (after
+    10 warm-up requests), bracketed by ``/healthz`` before and after."""
+    topo = state.topo
+    assert state.newest is not None
+    rng = random.Random(seed)
+    timer = _Timer()
+    extra: dict[str, dict[str, Any]] = {}
+    snapshot = iter(range(GROWTH_SNAPSHOT_BASE + seed * 10**9, 10**18))
+    with httpx.Client(base_url=server.url + API, timeout=300) as http:
+        # builds the service's cached graph: measured once, not a per-request figure
+        t0 = time.perf_counter()
+        top_table = topo.tables[topo.layers[-1][0]]
+        _ok(http.get("/lineage", params={"table": top_table, "direction": "upstream"}))
+        extra["lineage, first call (builds the graph)"] = {"ms": (time.perf_counter() - t0) * 1000}
+
+        for _ in range(20):
+            _ok(http.get(server.url + "/healthz"))
+        for _ in range(n):
+            with timer("GET /healthz (floor)"):
+                _ok(http.get(server.url + "/healthz"))
+
+        # source batches of 100 source jobs in turn: the barrier, then the report
+        sources = rng.sample(topo.layers[0], min(100, len(topo.layers[0])))
+        for i in range(n + 10):
+            j = sources[i % len(sources)]
+            job, batch = f"job_{j:05d}", state.newest[j] + 1
+            with timer("source batch: barrier"):
+                b = _ok(http.post(f"/jobs/{job}/batches/{batch}/barrier"))["barrier"]
+            report = {"job": job, "batch_id": batch, "barrier": b, "table": topo.tables[j]}
+            report["snapshot_id"] = next(snapshot)
+            with timer("source batch: report"):
+                _ok(http.post("/commits", json=report))
+            state.newest[j] = batch
+
+        # derived batches of jobs reading sources only, in turn: next-barrier, the
+        # batch's barrier, its report
+        derived = _derived_of_sources(server, topo, rng)
+        not_ready = 0
+        for i in range(n + 10):
+            j = derived[i % len(derived)]
+            job, batch = f"job_{j:05d}", state.newest[j] + 1
+            with timer("derived batch: next-barrier"):
+                nxt = _ok(http.get(f"/jobs/{job}/next-barrier"))
+            if not nxt["ready"]:
+                not_ready += 1
+                continue
+            body = {"start": nxt["start_barrier"], "end": nxt["barrier"]}
+            with timer("derived batch: barrier"):
+                b = _ok(http.post(f"/jobs/{job}/batches/{batch}/barrier", json=body))["barrier"]
+            report = {"job": job, "batch_id": batch, "barrier": b, "table": topo.tables[j]}
+            report["snapshot_id"] = next(snapshot)
+            with timer("derived batch: report"):
+                _ok(http.post("/commits", json=report))
+            state.newest[j] = batch
+        extra["derived batch: next-barrier"] = {"not_ready": not_ready}
+
+        versions: set[int] = set()
+        for _ in range(n + 10):
+            names = ",".join(rng.sample(topo.tables, 10))
+            with timer("consistent version, 10 random tables"):
+                version = _ok(http.get("/versions/consistent", params={"tables": names}))
+            versions.add(version["barrier"])
+        extra["consistent version, 10 random tables"] = {"barriers_seen": len(versions)}
+
+        top = topo.layers[-1] + topo.layers[-2]
+        nodes = []
+        for _ in range(n + 10):
+            params = {"table": topo.tables[rng.choice(top)], "direction": "upstream", "depth": 3}
+            with timer("lineage upstream, depth 3"):
+                nodes.append(len(_ok(http.get("/lineage", params=params))["nodes"]))
+        extra["lineage upstream, depth 3"] = {"mean_nodes": statistics.fmean(nodes)}
+
+        for _ in range(n + 10):
+            name = rng.choice(topo.tables)
+            with timer("GET /tables/{t}"):
+                _ok(http.get(f"/tables/{name}"))
+
+        recent = {
+            "from_barrier": topo.barriers[-1] - 9 * INTERVAL_MS,
+            "to_barrier": topo.barriers[-1],
+        }
+        found = []
+        for _ in range(n + 10):
+            name = rng.choice(topo.tables)
+            with timer("GET /tables/{t}/snapshots, 10 recent slots"):
+                found.append(
+                    len(_ok(http.get(f"/tables/{name}/snapshots", params=recent))["items"])
+                )
+        extra["GET /tables/{t}/snapshots, 10 recent slots"] = {"mean_rows": statistics.fmean(found)}
+
+        for _ in range(n // 5 + 10):
+            with timer("GET /tables?limit=100 (first page)"):
+                _ok(http.get("/tables", params={"limit": 100}))
+
+        for _ in range(n):
+            with timer("GET /healthz (floor), again"):
+                _ok(http.get(server.url + "/healthz"))
+
+    rows = []
+    for what, values in timer.samples.items():
+        kept = values if what.startswith("GET /healthz") else values[min(10, len(values) // 10) :]
+        rows.append({"what": what, "count": len(kept), **_percentiles(kept), **extra.get(what, {})})
+    rows += [{"what": what, **facts} for what, facts in extra.items() if what not in timer.samples]
+    return rows
+
+
+def _derived_of_sources(server: Server, topo: Topology, rng: random.Random) -> list[int]:
+    """Up to 100 derived jobs of the first derived layer that read only source tables."""
+    sources = set(topo.layers[0])
+    index = {name: j for j, name in enumerate(topo.tables)}
+    chosen = []
+    with httpx.Client(base_url=server.url + API, timeout=60) as http:
+        for j in rng.sample(topo.layers[1], min(300, len(topo.layers[1]))):
+            view = _ok(http.get(f"/jobs/job_{j:05d}"))
+            if all(index[t] in sources for t in view["inputs"]):
+                chosen.append(j)
+            if len(chosen) == 100:
+                break
+    return chosen
+
+
+def run_growth(
+    dbs: list[str], pg_base: str, quick: bool, workers: int, label: str,
+    tables: list[int] | None, commits: list[int] | None,
+) -> dict[str, Any]:  # fmt: skip
+    points = GROWTH_POINTS_QUICK if quick else GROWTH_POINTS
+    n = 100 if quick else 200
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="bench-growth-") as tmp:
+        workdir = Path(tmp)
+        for db in dbs:
+            for n_tables, histories in points:
+                if tables and n_tables not in tables:
+                    continue
+                wanted = [c for c in histories if not commits or c in commits]
+                if not wanted:
+                    continue
+                print(f"{db}: growth, {n_tables:,} tables", flush=True)
+                with database(db, pg_base, workdir, "growth") as url:
+                    t0 = time.perf_counter()
+                    state = GrowthState(build_topology(url, n_tables))
+                    built = time.perf_counter() - t0
+                    for target in wanted:
+                        print(f"  history of {target:,} commits", flush=True)
+                        loaded = grow_history(url, state, target)
+                        load_start, share = _loadavg(), cpu_share()
+                        with service(url, workdir, workers) as server:
+                            rows = bench_growth_point(server, db, state, n, seed=target % 997)
+                        run = {
+                            "label": label,
+                            "db": db,
+                            "tables": n_tables,
+                            "commits_target": target,
+                            **loaded,
+                            "topology_build_s": round(built, 1),
+                            "loadavg_at_start": load_start,
+                            "loadavg_at_end": _loadavg(),
+                            "cpu_share_at_start": share,
+                            "rows": rows,
+                        }
+                        runs.append(run)
+                        print_growth_run(run)
+    return {"machine": machine_facts(pg_base, dbs), "quick": quick, "runs": runs}
+
+
+def print_growth_run(run: dict[str, Any]) -> None:
+    floor = next(r for r in run["rows"] if r["what"] == "GET /healthz (floor)")
+    print(
+        f"  [{run['label']}] {run['db']} {run['tables']:,} tables, {run['commits']:,} commits, "
+        f"load {run['loadavg_at_start']} -> {run['loadavg_at_end']}"
+    )
+    for r in run["rows"]:
+        if "p50_ms" not in r:
+            continue
+        print(
+            f"    {r['what']:45} p50 {r['p50_ms']:8.2f} ms  p99 {r['p99_ms']:8.2f} ms"
+            f"  ({r['p50_ms'] / floor['p50_ms']:5.1f} / {r['p99_ms'] / floor['p99_ms']:5.1f} x floor)"
+        )
+
+
+def merge_growth(path: Path, new: dict[str, Any]) -> dict[str, Any]:
+    """The results file with ``new``'s runs added, replacing runs of the same label,
+    database, table count and history (so the points may be measured in several runs)."""
+    old: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"runs": []}
+
+    def key(r: dict[str, Any]) -> tuple[Any, ...]:
+        return (r["label"], r["db"], r["tables"], r["commits_target"])
+
+    fresh = {key(r) for r in new["runs"]}
+    runs = [r for r in old.get("runs", []) if key(r) not in fresh] + new["runs"]
+    runs.sort(key=lambda r: (r["label"], r["db"], r["tables"], r["commits_target"]))
+    machines = old.get("machines", [])
+    machines.append(new["machine"])
+    return {"machines": machines[-10:], "runs": runs}
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -990,15 +1341,36 @@ def print_statements(results: dict[str, Any]) -> None:
         print(f"{r['db']:9} {r['operation']:48} {r['statements']:>14g} {r['in_process_ms']:>8.2f}")
 
 
+def _ints(text: str) -> list[int]:
+    return [int(x.replace("_", "")) for x in text.split(",") if x.strip()]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("bench/results/service.json"))
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="default: bench/results/service.json (service-growth.json for --part growth)",
+    )
     parser.add_argument("--quick", action="store_true", help="a small smoke run")
     parser.add_argument("--db", choices=("sqlite", "postgres", "both"), default="both")
     parser.add_argument("--pg-url", default=os.environ.get("METASERVICE_TEST_PG_URL", DEFAULT_PG))
     parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
     parser.add_argument(
-        "--part", choices=("writes", "cycles", "reads", "all"), default="all", help="default: all"
+        "--part",
+        choices=("writes", "cycles", "reads", "growth", "all"),
+        default="all",
+        help="default: all (writes, cycles and reads; growth runs only when asked)",
+    )
+    parser.add_argument(
+        "--label", default="latest", help="growth: the name these runs are kept under"
+    )
+    parser.add_argument(
+        "--tables", type=_ints, default=None, help="growth: only these table counts (1000,10000)"
+    )
+    parser.add_argument(
+        "--commits", type=_ints, default=None, help="growth: only these commit histories"
     )
     parser.add_argument(
         "--wait-for-idle",
@@ -1010,6 +1382,17 @@ def main() -> None:
     args = parser.parse_args()
     wait_for_idle(args.wait_for_idle)
     dbs = ["sqlite", "postgres"] if args.db == "both" else [args.db]
+    if args.part == "growth":
+        out = args.out or Path("bench/results/service-growth.json")
+        grown = run_growth(
+            dbs, normalise_url(args.pg_url), args.quick, args.workers, args.label,
+            args.tables, args.commits,
+        )  # fmt: skip
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(merge_growth(out, grown), indent=2) + "\n")
+        print(f"\nwritten to {out}")
+        return
+    args.out = args.out or Path("bench/results/service.json")
     parts = ["writes", "cycles", "reads"] if args.part == "all" else [args.part]
     results = run(dbs, normalise_url(args.pg_url), args.quick, args.workers, parts)
     print_table(results)
