@@ -5,6 +5,10 @@ Routes declare the least role they need, and nothing else does authorisation::
     router = APIRouter(dependencies=[require(Role.READER)])
 
     @router.post("/commits", dependencies=[require(Role.WRITER)])
+
+The dependencies are ``async``: FastAPI runs a plain ``def`` dependency in its thread
+pool, a hop that costs more than these functions do. The one that may block (the token
+lookup, only when auth is on) takes that hop itself.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fastapi import Depends, Query, Request, params
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from metaservice.auth import service as auth_service
@@ -28,8 +33,12 @@ class Services:
     db: Database
 
 
-def services(request: Request) -> Services:
+def services_of(request: Request) -> Services:
     return request.app.state.services  # type: ignore[no-any-return]
+
+
+async def services(request: Request) -> Services:
+    return services_of(request)
 
 
 @dataclass
@@ -38,12 +47,12 @@ class Paging:
     offset: int
 
 
-def paging(
+async def paging(
     request: Request,
     limit: int = Query(100, ge=1, description="Items per page"),
     offset: int = Query(0, ge=0, le=MAX_SIGNED_64, description="Items to skip"),
 ) -> Paging:
-    most = services(request).ctx.settings.max_page_size
+    most = services_of(request).ctx.settings.max_page_size
     if limit > most:
         raise TooLarge(f"limit {limit} is over the page size limit of {most}", field="limit")
     return Paging(limit=limit, offset=offset)
@@ -57,11 +66,11 @@ bearer = HTTPBearer(
 )
 
 
-def caller(
+async def caller(
     request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(bearer)
 ) -> auth_service.Caller:
     """Who the request comes from; 401 when auth is on and it brings no known token."""
-    s = services(request)
+    s = services_of(request)
     if not s.ctx.settings.auth_required:
         return auth_service.ANONYMOUS_ADMIN
     if credentials is None:
@@ -69,22 +78,24 @@ def caller(
             "this request needs a bearer token: send the header 'Authorization: Bearer <token>'"
         )
     token = credentials.credentials
-    return s.db.read(lambda session: auth_service.authenticate(session, token))
+    return await run_in_threadpool(
+        s.db.read, lambda session: auth_service.authenticate(session, token)
+    )
 
 
 def require(role: Role) -> params.Depends:
     """A route dependency refusing callers below ``role`` (401 without a token, 403 below it)."""
 
-    def check(who: auth_service.Caller = Depends(caller)) -> auth_service.Caller:
+    async def check(who: auth_service.Caller = Depends(caller)) -> auth_service.Caller:
         auth_service.check_role(who, role)
         return who
 
     return params.Depends(check)
 
 
-def metrics_access(
+async def metrics_access(
     request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(bearer)
 ) -> None:
     """/metrics is open unless METASERVICE_METRICS_PUBLIC=false; then any token will do."""
-    if not services(request).ctx.settings.metrics_public:
-        caller(request, credentials)
+    if not services_of(request).ctx.settings.metrics_public:
+        await caller(request, credentials)
