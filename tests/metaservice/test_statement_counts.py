@@ -35,6 +35,7 @@ BOUNDS: dict[str, tuple[int, int]] = {
     # Sealing varies by a statement or two with the order PostgreSQL returns job rows
     # (its heap order follows updates): jobs sharing sources seal them in turn.
     "consistent version, 50 tables, sealing": (523, 520),
+    "tables, a page of 50": (7, 6),
 }
 # How much a batched report request may grow from 10 to 100 reports (10 jobs): on
 # PostgreSQL not at all (set-based reads, one INSERT, executemany UPDATEs); on SQLite by
@@ -215,3 +216,21 @@ def test_consistent_version_of_fifty_tables(client, clock, db_url):
     assert read == sealing and len(read["snapshots"]) == 50
     check(client, db_url, "consistent version, 50 tables, sealing", n_seal)
     check(client, db_url, "consistent version, 50 tables", n_read)
+
+
+def test_a_page_of_tables_costs_what_two_tables_cost(client, clock, db_url):
+    tables = _fifty_tables(client, clock)
+    clock.advance(SLOT)
+    # two tables, one with a derived writer and one with a source writer, as on the page
+    two, n_two = counted(client, lambda: get_ok(client, "/tables", {"limit": 2, "offset": 29}))
+    page, n_page = counted(client, lambda: get_ok(client, "/tables", {"limit": 50}))
+    assert page["total"] == 50 and [t["name"] for t in page["items"]] == sorted(tables)
+    assert two["items"] == page["items"][29:31]
+    assert [t["writer"][0] for t in two["items"]] == ["e", "s"]
+    # every table committed two snapshots; the page shows each one's newest
+    newest = {t["name"]: (t["latest_snapshot"], t["latest_barrier"]) for t in page["items"]}
+    for t in page["items"]:
+        snaps = get_ok(client, f"/tables/{t['name']}/snapshots")["items"]
+        assert newest[t["name"]] == (snaps[-1]["snapshot_id"], snaps[-1]["barrier"])
+    check(client, db_url, "tables, a page of 50", n_page)
+    assert n_page == n_two, (n_two, n_page)
