@@ -1,6 +1,8 @@
-"""Data files: written by the executors with pyiceberg's writer, and cleaned up.
+"""Data files: written by the executors, and cleaned up.
 
-Each Spark task turns its rows into Arrow batches (`mapInArrow`), computes the
+Where Spark's own Parquet writer writes the table's files as Iceberg expects them
+(unpartitioned tables of primitive columns on a file system Spark's Hadoop opens: see
+`native_write`), it does. Otherwise each Spark task turns its rows into Arrow batches (`mapInArrow`), computes the
 table's partition transforms and writes Parquet with pyiceberg's own writer
 (`_dataframe_to_data_files`: the transforms and partition values Iceberg readers
 expect; bucket is Iceberg's murmur3 through `pyiceberg-core`), through a FileIO
@@ -32,6 +34,8 @@ from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil
 from pyiceberg.utils.properties import property_as_int
 from pyspark.sql import DataFrame
 
+from spark_barrier.iceberg.native_write import why_not_native, write_natively
+
 log = logging.getLogger(__name__)
 
 # The one column each write task returns: a pickled DataFile per written file.
@@ -55,17 +59,32 @@ def write_data_files(df: DataFrame, folder: str, table: Table) -> list[DataFile]
     partition values. Returns one DataFile per written file; no file is empty, and no
     rows reach the driver.
     """
+    rows = df.select(*column_names(table))
+    reason = why_not_native(rows, folder, table)
+    if reason is None:
+        files = write_natively(rows, folder, table, *_file_system(folder, table.io))
+    else:
+        log.debug("%s: files written by Python workers (%s)", table.name(), reason)
+        files = _write_in_python_workers(rows, folder, table)
+    return _of_default_spec(files, table)
+
+
+def _write_in_python_workers(rows: DataFrame, folder: str, table: Table) -> list[DataFile]:
     write = functools.partial(
         _write_task,
         metadata_json=_writer_metadata(table, folder),
         io_properties=dict(table.io.properties),
         arrow_schema=schema_to_pyarrow(table.schema(), include_field_ids=False),
     )
-    written = df.select(*column_names(table)).mapInArrow(write, _RESULT_DDL).collect()
-    files = [_decode_data_file(row["data_file"]) for row in written]
+    written = rows.mapInArrow(write, _RESULT_DDL).collect()
+    return [_decode_data_file(row["data_file"]) for row in written]
+
+
+def _of_default_spec(files: list[DataFile], table: Table) -> list[DataFile]:
     for data_file in files:
         # Written with the table's default spec; the spec id is not part of the file's
-        # own record (nor of its pickle), and pyiceberg's readers look it up.
+        # own record (nor of its pickle, nor set by DataFile.from_args), and pyiceberg's
+        # readers look it up.
         data_file.spec_id = table.metadata.default_spec_id
     return files
 
@@ -79,12 +98,8 @@ def write_arrow_files(rows: pa.Table, folder: str, table: Table) -> list[DataFil
     arrow_schema = schema_to_pyarrow(table.schema(), include_field_ids=False)
     conformed = _conform(rows.select(column_names(table)).to_batches(), arrow_schema)
     metadata = TableMetadataUtil.parse_raw(_writer_metadata(table, folder))
-    files = list(
-        _dataframe_to_data_files(metadata, conformed, table.io, uuid.uuid4(), itertools.count())
-    )
-    for data_file in files:
-        data_file.spec_id = table.metadata.default_spec_id
-    return files
+    files = _dataframe_to_data_files(metadata, conformed, table.io, uuid.uuid4(), itertools.count())
+    return _of_default_spec(list(files), table)
 
 
 def _writer_metadata(table: Table, folder: str) -> str:

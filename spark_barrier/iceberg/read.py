@@ -77,7 +77,7 @@ def read_files(
         if file_uri_column is not None:
             schema = schema.add(file_uri_column, T.StringType())
         return spark.createDataFrame([], schema)
-    foreign = [p for p in paths if not _spark_reads(spark, _scheme(p))]
+    foreign = [p for p in paths if not spark_opens(spark, p)]
     elsewhere = set(foreign)
     native = [p for p in paths if p not in elsewhere]
     parts = []
@@ -100,7 +100,10 @@ def _scheme(path: str) -> str:
     return urlsplit(path).scheme.lower() if "://" in path else "file"
 
 
-def _spark_reads(spark: SparkSession, scheme: str) -> bool:
+def spark_opens(spark: SparkSession, path: str) -> bool:
+    """Whether Spark's own Parquet reader and writer can open `path` (its Hadoop has a
+    FileSystem for the scheme); asked of the JVM once per scheme and application."""
+    scheme = _scheme(path)
     key = (spark.sparkContext.applicationId, scheme)
     with _hadoop_lock:
         known = _hadoop_schemes.get(key)
@@ -111,9 +114,9 @@ def _spark_reads(spark: SparkSession, scheme: str) -> bool:
             _hadoop_schemes[key] = known
         if first and not known:
             log.warning(
-                "Spark's Hadoop has no FileSystem for %s:// files: their rows are read by "
-                "Python workers through pyiceberg's FileIO, which is slower than Spark's "
-                "Parquet reader. To have Spark read them natively, add hadoop-aws (and its "
+                "Spark's Hadoop has no FileSystem for %s:// files: their rows are read and "
+                "written by Python workers through pyiceberg's FileIO, which is slower than "
+                "Spark's Parquet reader and writer. To have Spark do it, add hadoop-aws (and its "
                 "AWS SDK) to the Spark classpath and set spark.hadoop.fs.%s.impl="
                 "org.apache.hadoop.fs.s3a.S3AFileSystem with the endpoint and credentials "
                 "in spark.hadoop.fs.s3a.*",
