@@ -121,7 +121,7 @@ def spark() -> Iterator[Any]:
     yield session
     leaked = [q.name for q in session.streams.active]
     if leaked:  # a test left a query running: stop() waits for its batch
-        _SLOW_TEARDOWNS.append(f"streaming queries still active at the end: {leaked}")
+        _SLOW_TEARDOWNS.found.append(f"streaming queries still active at the end: {leaked}")
     session.stop()
 
 
@@ -175,34 +175,44 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
 
 # Fixture teardowns that take long, found by timing the gaps between a test's finalizers:
 # pytest counts them in the test's teardown, which names none of them (a session fixture's
-# in the last test's). Listed at the end of the run.
-_SLOW_TEARDOWN_S = 5.0
-_SLOW_TEARDOWNS: list[str] = []
-_teardown_clock: dict[str, float] = {}
+# in the last test's). Listed at the end of the run. A plugin rather than hooks of this
+# conftest: pytest calls a conftest's fixture hooks only for fixtures of its own folder,
+# and session fixtures belong to the root.
+class _SlowTeardowns:
+    threshold_s = 5.0
+
+    def __init__(self) -> None:
+        self.found: list[str] = []
+        self._last: float | None = None
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_teardown(self, item: pytest.Item) -> Iterator[None]:
+        self._last = time.monotonic()
+        yield
+        self._last = None
+
+    def pytest_fixture_post_finalizer(
+        self, fixturedef: Any, request: pytest.FixtureRequest
+    ) -> None:
+        if self._last is None:
+            return
+        now = time.monotonic()
+        if now - self._last >= self.threshold_s:
+            self.found.append(
+                f"{now - self._last:.1f} s tearing down fixture '{fixturedef.argname}' "
+                f"({fixturedef.scope}) after {request.node.nodeid or 'the last test'}"
+            )
+        self._last = now
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.found:
+            terminalreporter.section("slow fixture teardowns")
+            for line in self.found:
+                terminalreporter.write_line(line)
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
-    _teardown_clock["last"] = time.monotonic()
-    yield
-    _teardown_clock.pop("last", None)
+_SLOW_TEARDOWNS = _SlowTeardowns()
 
 
-def pytest_fixture_post_finalizer(fixturedef: Any, request: pytest.FixtureRequest) -> None:
-    last = _teardown_clock.get("last")
-    if last is None:
-        return
-    now = time.monotonic()
-    _teardown_clock["last"] = now
-    if now - last >= _SLOW_TEARDOWN_S:
-        _SLOW_TEARDOWNS.append(
-            f"{now - last:.1f} s tearing down fixture '{fixturedef.argname}' "
-            f"({fixturedef.scope}) after {request.node.nodeid}"
-        )
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if _SLOW_TEARDOWNS:
-        terminalreporter.section("slow fixture teardowns")
-        for line in _SLOW_TEARDOWNS:
-            terminalreporter.write_line(line)
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_SLOW_TEARDOWNS, "slow-teardowns")
