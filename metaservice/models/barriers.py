@@ -12,6 +12,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     false,
+    text,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -104,6 +105,17 @@ class Commit(Base):
         UniqueConstraint("job_id", "batch_id", "table_id"),
         UniqueConstraint("table_id", "snapshot_id"),
         Index("ix_commits_table_barrier", "table_id", "barrier", "batch_id"),
+        # A table's snapshot at a barrier skips empty batches' commits: without it, a
+        # table whose batches have long been empty is read back to its last snapshot.
+        Index(
+            "ix_commits_table_barrier_with_snapshot",
+            "table_id",
+            "barrier",
+            "batch_id",
+            "snapshot_id",
+            postgresql_where=text("snapshot_id IS NOT NULL"),
+            sqlite_where=text("snapshot_id IS NOT NULL"),
+        ),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
