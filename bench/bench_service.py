@@ -939,15 +939,30 @@ def _numbers(lo: int, hi: int) -> str:
     )
 
 
+# Every 50th job, when derived, writes a "quiet" table: it got a snapshot once, at the
+# oldest slot of the history, and every batch since was empty (reported, no snapshot),
+# as an error or late-data table. Its snapshot at a recent barrier lies a whole history
+# back.
+QUIET_EVERY = 50
+
+
+def is_quiet(topo: Topology, j: int) -> bool:
+    return (j + 1) % QUIET_EVERY == 0 and j not in topo.layers[0]
+
+
 def grow_history(url: str, state: GrowthState, commits: int) -> dict[str, Any]:
     """Add older batches and commits to every job until the commits table holds about
     ``commits`` rows: each job one batch per slot further back (batch ids and barriers
     decreasing together, derived batches starting where the previous one ended), each
     committed with one commit for its table. Derived jobs' batches that found nothing
-    new (every seventh) report no snapshot, as empty Spark batches do. Written with
-    ``INSERT ... SELECT`` over a generated series, oldest first, in chunks of about a
-    million rows; PostgreSQL's foreign-key triggers are off while loading (the rows are
-    built consistent), then ``VACUUM ANALYZE`` as autovacuum would run."""
+    new (every seventh) report no snapshot, as empty Spark batches do, and quiet tables
+    (see ``QUIET_EVERY``) none after their first.
+
+    Written with ``INSERT ... SELECT`` over a generated series, oldest first (each slot
+    all jobs), in chunks of about a million rows. On PostgreSQL the secondary indexes
+    and unique constraints of batches and commits are dropped for the load and built
+    again after it, and foreign-key triggers are off (the rows are built consistent);
+    then ``VACUUM ANALYZE``, as autovacuum would run."""
     n = len(state.topo.tables)
     engine = make_engine(url)
     postgres = engine.dialect.name == "postgresql"
@@ -966,10 +981,13 @@ def grow_history(url: str, state: GrowthState, commits: int) -> dict[str, Any]:
                 )
                 state.newest = {job_id - 1: batch_id for job_id, batch_id in rows}
         depth = state.depth + max(0, -(-(commits - present) // n))
+        rebuilt = 0.0
         if depth > state.depth:
             interval = INTERVAL_MS
             chunk = max(1, 1_000_000 // n)
+            quiet = f"(j.kind = '{DERIVED}' AND j.id % {QUIET_EVERY} = 0)"
             with engine.begin() as conn:
+                dropped = _drop_secondary_indexes(conn) if postgres else []
                 if postgres:
                     conn.execute(text("SET LOCAL session_replication_role = replica"))
                 if state.depth == 0:  # the first recent batch now has one before it
@@ -1003,8 +1021,10 @@ def grow_history(url: str, state: GrowthState, commits: int) -> dict[str, Any]:
                             + "INSERT INTO commits (job_id, batch_id, table_id, barrier, "
                             "snapshot_id, created_ms) "
                             f"SELECT t.writer_id, {batch_id}, t.id, {barrier}, "
-                            f"CASE WHEN j.kind = '{DERIVED}' AND g.k % 7 = 3 THEN NULL "
-                            f"ELSE CAST(t.id AS BIGINT) * 10000000 + {batch_id} END, {barrier} + 500 "
+                            f"CASE WHEN {quiet} AND g.k < {depth} THEN NULL "
+                            f"WHEN j.kind = '{DERIVED}' AND g.k % 7 = 3 THEN NULL "
+                            f"ELSE CAST(t.id AS BIGINT) * 10000000 + {batch_id} END, "
+                            f"{barrier} + 500 "
                             "FROM g CROSS JOIN tables t JOIN jobs j ON j.id = t.writer_id "
                             "ORDER BY g.k DESC, t.id"
                         )
@@ -1014,6 +1034,19 @@ def grow_history(url: str, state: GrowthState, commits: int) -> dict[str, Any]:
                         f"({time.perf_counter() - t0:.0f} s)",
                         flush=True,
                     )
+                t1 = time.perf_counter()
+                for statement in dropped:
+                    conn.execute(text(statement))
+                rebuilt = time.perf_counter() - t1
+                # quiet tables: only the oldest snapshot stays (build_topology's recent
+                # ones, and the previous history's oldest, become empty batches)
+                conn.execute(
+                    text(
+                        "UPDATE commits SET snapshot_id = NULL WHERE snapshot_id IS NOT NULL "
+                        f"AND barrier > {first - depth * interval} AND job_id IN "
+                        f"(SELECT j.id FROM jobs j WHERE {quiet})"
+                    )
+                )
             state.depth = depth
         loaded = time.perf_counter() - t0
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
@@ -1027,8 +1060,39 @@ def grow_history(url: str, state: GrowthState, commits: int) -> dict[str, Any]:
         "batches": batches,
         "history_slots": state.depth,
         "load_s": round(loaded, 1),
+        "index_rebuild_s": round(rebuilt, 1),
         "vacuum_analyze_s": round(time.perf_counter() - t0 - loaded, 1),
     }
+
+
+def _drop_secondary_indexes(conn: Any) -> list[str]:
+    """Drop the unique constraints and indexes (primary keys aside) of batches and
+    commits; answers the statements that build them again."""
+    conn.execute(text("SET LOCAL maintenance_work_mem = '256MB'"))
+    again = []
+    for table in ("batches", "commits"):
+        constraints = conn.execute(
+            text(
+                "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint "
+                "WHERE conrelid = CAST(:t AS regclass) AND contype = 'u'"
+            ),
+            {"t": table},
+        ).all()
+        for name, definition in constraints:
+            conn.execute(text(f"ALTER TABLE {table} DROP CONSTRAINT {name}"))
+            again.append(f"ALTER TABLE {table} ADD CONSTRAINT {name} {definition}")
+        indexes = conn.execute(
+            text(
+                "SELECT i.relname, pg_get_indexdef(i.oid) FROM pg_index x "
+                "JOIN pg_class i ON i.oid = x.indexrelid "
+                "WHERE x.indrelid = CAST(:t AS regclass) AND NOT x.indisprimary"
+            ),
+            {"t": table},
+        ).all()
+        for name, definition in indexes:
+            conn.execute(text(f"DROP INDEX {name}"))
+            again.append(definition)
+    return again
 
 
 def _true(postgres: bool) -> str:
@@ -1119,6 +1183,12 @@ def bench_growth_point(
             versions.add(version["barrier"])
         extra["consistent version, 10 random tables"] = {"barriers_seen": len(versions)}
 
+        quiet = [j for j in range(len(topo.tables)) if is_quiet(topo, j)]
+        for _ in range(n + 10):
+            names = ",".join([*rng.sample(topo.tables, 9), topo.tables[rng.choice(quiet)]])
+            with timer("consistent version, 9 random tables and a quiet one"):
+                _ok(http.get("/versions/consistent", params={"tables": names}))
+
         top = topo.layers[-1] + topo.layers[-2]
         nodes = []
         for _ in range(n + 10):
@@ -1130,6 +1200,11 @@ def bench_growth_point(
         for _ in range(n + 10):
             name = rng.choice(topo.tables)
             with timer("GET /tables/{t}"):
+                _ok(http.get(f"/tables/{name}"))
+
+        for _ in range(n + 10):
+            name = topo.tables[rng.choice(quiet)]
+            with timer("GET /tables/{t}, a quiet table"):
                 _ok(http.get(f"/tables/{name}"))
 
         recent = {
