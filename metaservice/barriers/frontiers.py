@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from metaservice.barriers import repository as repo
 from metaservice.context import Context
@@ -69,10 +70,11 @@ def seal_sources(session: Session, ctx: Context, jobs: Sequence[Job]) -> None:
         session, [j.id for j in jobs if j.kind == SOURCE], closed, ctx.interval
     )
     if ids:
-        repo.seal(session, ids, closed, ctx.interval)
+        sealed = repo.seal(session, ids, closed, ctx.interval)
         for job in jobs:
-            if job.id in ids:
-                session.refresh(job)
+            if job.id in sealed:
+                # the row's value as written, without marking the job changed
+                set_committed_value(job, "frontier", sealed[job.id])
 
 
 def needs_seal(ctx: Context, jobs: Sequence[Job]) -> bool:

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from sqlalchemy import ColumnElement, case, delete, func, or_, select, tuple_, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from metaservice.errors import NotFound
 from metaservice.models import SOURCE, Batch, BatchInput, BatchPlan, ClockState, Commit, Job, Table
@@ -93,6 +93,26 @@ def newest_batch(session: Session, job_id: int) -> Batch | None:
     return session.execute(
         select(Batch).where(Batch.job_id == job_id, _SPARK).order_by(Batch.batch_id.desc()).limit(1)
     ).scalar_one_or_none()
+
+
+def batch_and_newest(
+    session: Session, job_id: int, batch_id: int
+) -> tuple[Batch | None, Batch | None]:
+    """The job's batch ``batch_id`` and its newest Spark batch (see :func:`newest_batch`),
+    in one statement."""
+    other = aliased(Batch)
+    newest_id = select(func.max(other.batch_id)).where(other.job_id == job_id, other.batch_id >= 0)
+    rows = list(
+        session.execute(
+            select(Batch).where(
+                Batch.job_id == job_id,
+                or_(Batch.batch_id == batch_id, Batch.batch_id == newest_id.scalar_subquery()),
+            )
+        ).scalars()
+    )
+    batch = next((b for b in rows if b.batch_id == batch_id), None)
+    spark = [b for b in rows if b.batch_id >= 0]
+    return batch, max(spark, key=lambda b: b.batch_id, default=None)
 
 
 def has_batches(session: Session, job_id: int) -> bool:
@@ -280,14 +300,18 @@ def seal_candidates(
     )
 
 
-def seal(session: Session, job_ids: Sequence[int], closed: int, interval: int) -> None:
+def seal(session: Session, job_ids: Sequence[int], closed: int, interval: int) -> dict[int, int]:
+    """Move the jobs' frontiers up to their sealable slot; the new frontier of each job
+    moved, returned by the UPDATE itself (no second read of the rows)."""
     limit = _sealable(closed, interval)
-    session.execute(
+    rows = session.execute(
         update(Job)
         .where(Job.id.in_(job_ids), Job.open_batches == 0, Job.frontier < limit)
         .values(frontier=limit)
-        .execution_options(synchronize_session="fetch")
+        .returning(Job.id, Job.frontier)
+        .execution_options(synchronize_session=False)
     )
+    return {job_id: frontier for job_id, frontier in rows}
 
 
 def previous_batch(session: Session, job_id: int, batch_id: int) -> Batch | None:
@@ -306,29 +330,28 @@ def commit_with_snapshot(session: Session, table_id: int, snapshot_id: int) -> C
     ).scalar_one_or_none()
 
 
-def commits_of_batches(session: Session, keys: Iterable[tuple[int, int]]) -> list[Commit]:
-    """Every commit of the batches given by (job id, batch id), in one statement."""
-    wanted = set(keys)
+def commits_of_batches_or_snapshots(
+    session: Session, batches: Iterable[tuple[int, int]], snapshots: Iterable[tuple[int, int]]
+) -> tuple[list[Commit], dict[tuple[int, int], Commit]]:
+    """Every commit of the batches given by (job id, batch id), and the commits of the
+    snapshots given by (table id, snapshot id), in one statement."""
+    of_batches, of_snapshots = set(batches), set(snapshots)
+    wanted = []
+    if of_batches:
+        wanted.append(tuple_(Commit.job_id, Commit.batch_id).in_(sorted(of_batches)))
+    if of_snapshots:
+        wanted.append(tuple_(Commit.table_id, Commit.snapshot_id).in_(sorted(of_snapshots)))
     if not wanted:
-        return []
-    return list(
-        session.execute(
-            select(Commit).where(tuple_(Commit.job_id, Commit.batch_id).in_(sorted(wanted)))
-        ).scalars()
+        return [], {}
+    rows = list(session.execute(select(Commit).where(or_(*wanted))).scalars())
+    return (
+        [c for c in rows if (c.job_id, c.batch_id) in of_batches],
+        {
+            (c.table_id, c.snapshot_id): c
+            for c in rows
+            if c.snapshot_id is not None and (c.table_id, c.snapshot_id) in of_snapshots
+        },
     )
-
-
-def commits_with_snapshots(
-    session: Session, keys: Iterable[tuple[int, int]]
-) -> dict[tuple[int, int], Commit]:
-    """Commits by (table id, snapshot id), in one statement."""
-    wanted = set(keys)
-    if not wanted:
-        return {}
-    rows = session.execute(
-        select(Commit).where(tuple_(Commit.table_id, Commit.snapshot_id).in_(sorted(wanted)))
-    ).scalars()
-    return {(c.table_id, c.snapshot_id): c for c in rows if c.snapshot_id is not None}
 
 
 def count_batch_commits(session: Session, job_id: int, batch_id: int) -> int:

@@ -49,9 +49,8 @@ def batch_barrier(
     """The barrier of a batch; the same answer for a replayed batch."""
     request = request or BatchRequest()
     job = lock_job_named(session, job_name)
-    batch = repo.get_batch(session, job.id, batch_id)
+    batch, newest = repo.batch_and_newest(session, job.id, batch_id)
     if batch is None:
-        newest = repo.newest_batch(session, job.id)
         check_query_of(job, batch_id, request.query_id, newest)
         check_superseded(session, job)
         check_batch_order(job, batch_id, newest)
@@ -65,7 +64,7 @@ def batch_barrier(
     else:
         check_query_of(job, batch_id, request.query_id, batch)
         if batch.abandoned:
-            _reopen_abandoned(session, ctx, job, batch)
+            _reopen_abandoned(session, ctx, job, batch, newest)
         elif job.kind == DERIVED:
             _check_planned(job, batch, request)
     job.last_seen_ms = ctx.now_ms()
@@ -178,7 +177,9 @@ def open_source_batch(
     return batch
 
 
-def _reopen_abandoned(session: Session, ctx: Context, job: Job, batch: Batch) -> None:
+def _reopen_abandoned(
+    session: Session, ctx: Context, job: Job, batch: Batch, newest: Batch | None
+) -> None:
     """A source driver replays a batch an operator abandoned: it gets a new barrier, past
     every slot readers took as complete meanwhile, and holds the frontier again."""
     if job.kind != SOURCE:
@@ -187,7 +188,7 @@ def _reopen_abandoned(session: Session, ctx: Context, job: Job, batch: Batch) ->
             field="batch_id",
             code="batch_abandoned",
         )
-    barrier = _next_source_barrier(session, ctx, job, repo.newest_batch(session, job.id))
+    barrier = _next_source_barrier(session, ctx, job, newest)
     log.info(
         "job %s batch %d was abandoned at barrier %d; replayed at %d",
         job.name, batch.batch_id, batch.barrier, barrier,
@@ -526,8 +527,10 @@ def advance_idle_many(session: Session, ctx: Context, jobs: Sequence[Job]) -> No
     jobs sealed under them, as a derived job's own target request does; any other
     order could deadlock against it on PostgreSQL.
     """
-    order = {name: i for i, name in enumerate(nx.topological_sort(ctx.graph.get(session)))}
     derived = [j for j in jobs if j.kind == DERIVED]
+    if not derived:
+        return  # nothing to order: spare the topology version's read
+    order = {name: i for i, name in enumerate(nx.topological_sort(ctx.graph.get(session)))}
     for job in sorted(derived, key=lambda j: -order.get(job_node(j.name), 0)):
         advance_idle(session, ctx, job)
 
@@ -642,17 +645,18 @@ class _ReportScope:
         self.batches = repo.batches_by_key(session, keys)
         self.commits: dict[tuple[int, int, int], Commit] = {}
         self.counts: dict[tuple[int, int], int] = {}
-        for c in repo.commits_of_batches(session, self.batches):
-            self.commits[(c.job_id, c.batch_id, c.table_id)] = c
-            self.counts[(c.job_id, c.batch_id)] = self.counts.get((c.job_id, c.batch_id), 0) + 1
-        self.by_snapshot = repo.commits_with_snapshots(
+        of_batches, self.by_snapshot = repo.commits_of_batches_or_snapshots(
             session,
+            self.batches,
             {
                 (self.tables[r.table].id, r.snapshot_id)
                 for r in reports
                 if r.snapshot_id is not None and r.table in self.tables
             },
         )
+        for c in of_batches:
+            self.commits[(c.job_id, c.batch_id, c.table_id)] = c
+            self.counts[(c.job_id, c.batch_id)] = self.counts.get((c.job_id, c.batch_id), 0) + 1
         self._outputs: dict[int, int] | None = None
         self._newest: int | None = None
         self.added: list[Commit] = []
