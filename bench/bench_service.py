@@ -1103,6 +1103,20 @@ def _false(postgres: bool) -> str:
     return "false" if postgres else "0"
 
 
+# Each figure of a growth point stops after this long (and at least 12 requests), so a
+# request that got slow does not stretch a run past its lock slot; its count says so.
+GROWTH_FIGURE_SECONDS = 45.0
+
+
+def _turns(n: int, seconds: float = GROWTH_FIGURE_SECONDS) -> Iterator[int]:
+    """0, 1, ... n - 1, stopping early once ``seconds`` have passed (after 12)."""
+    end = time.perf_counter() + seconds
+    for i in range(n):
+        if i >= 12 and time.perf_counter() > end:
+            return
+        yield i
+
+
 class _Timer:
     """Latency samples by request kind: ``with timer("what"): ...``."""
 
@@ -1142,7 +1156,7 @@ def bench_growth_point(
 
         # source batches of 100 source jobs in turn: the barrier, then the report
         sources = rng.sample(topo.layers[0], min(100, len(topo.layers[0])))
-        for i in range(n + 10):
+        for i in _turns(n + 10):
             j = sources[i % len(sources)]
             job, batch = f"job_{j:05d}", state.newest[j] + 1
             with timer("source batch: barrier"):
@@ -1157,7 +1171,7 @@ def bench_growth_point(
         # batch's barrier, its report
         derived = _derived_of_sources(server, topo, rng)
         not_ready = 0
-        for i in range(n + 10):
+        for i in _turns(n + 10):
             j = derived[i % len(derived)]
             job, batch = f"job_{j:05d}", state.newest[j] + 1
             with timer("derived batch: next-barrier"):
@@ -1176,7 +1190,7 @@ def bench_growth_point(
         extra["derived batch: next-barrier"] = {"not_ready": not_ready}
 
         versions: set[int] = set()
-        for _ in range(n + 10):
+        for _ in _turns(n + 10):
             names = ",".join(rng.sample(topo.tables, 10))
             with timer("consistent version, 10 random tables"):
                 version = _ok(http.get("/versions/consistent", params={"tables": names}))
@@ -1184,25 +1198,25 @@ def bench_growth_point(
         extra["consistent version, 10 random tables"] = {"barriers_seen": len(versions)}
 
         quiet = [j for j in range(len(topo.tables)) if is_quiet(topo, j)]
-        for _ in range(n + 10):
+        for _ in _turns(n + 10):
             names = ",".join([*rng.sample(topo.tables, 9), topo.tables[rng.choice(quiet)]])
             with timer("consistent version, 9 random tables and a quiet one"):
                 _ok(http.get("/versions/consistent", params={"tables": names}))
 
         top = topo.layers[-1] + topo.layers[-2]
         nodes = []
-        for _ in range(n + 10):
+        for _ in _turns(n + 10):
             params = {"table": topo.tables[rng.choice(top)], "direction": "upstream", "depth": 3}
             with timer("lineage upstream, depth 3"):
                 nodes.append(len(_ok(http.get("/lineage", params=params))["nodes"]))
         extra["lineage upstream, depth 3"] = {"mean_nodes": statistics.fmean(nodes)}
 
-        for _ in range(n + 10):
+        for _ in _turns(n + 10):
             name = rng.choice(topo.tables)
             with timer("GET /tables/{t}"):
                 _ok(http.get(f"/tables/{name}"))
 
-        for _ in range(n + 10):
+        for _ in _turns(n + 10):
             name = topo.tables[rng.choice(quiet)]
             with timer("GET /tables/{t}, a quiet table"):
                 _ok(http.get(f"/tables/{name}"))
@@ -1212,7 +1226,7 @@ def bench_growth_point(
             "to_barrier": topo.barriers[-1],
         }
         found = []
-        for _ in range(n + 10):
+        for _ in _turns(n + 10):
             name = rng.choice(topo.tables)
             with timer("GET /tables/{t}/snapshots, 10 recent slots"):
                 found.append(
@@ -1220,7 +1234,7 @@ def bench_growth_point(
                 )
         extra["GET /tables/{t}/snapshots, 10 recent slots"] = {"mean_rows": statistics.fmean(found)}
 
-        for _ in range(n // 5 + 10):
+        for _ in _turns(n // 5 + 10):
             with timer("GET /tables?limit=100 (first page)"):
                 _ok(http.get("/tables", params={"limit": 100}))
 
