@@ -579,7 +579,7 @@ def input_ranges(
 
 def _ranges(session: Session, inputs: Sequence[Table], after: int, to: int) -> list[InputRange]:
     ids = [table.id for table in inputs]
-    starts, ends = repo.snapshots_at(session, ids, after), repo.snapshots_at(session, ids, to)
+    starts, ends = repo.snapshots_at_barriers(session, ids, [after, to])
     return [
         InputRange(
             table=table.name,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from sqlalchemy import column, delete, func, select, table, update
+from sqlalchemy import bindparam, column, delete, func, select, table, update
 from sqlalchemy.orm import Session
 
 from metaservice.models import (
@@ -262,15 +262,20 @@ def delete_tables(session: Session, table_ids: Sequence[int]) -> None:
     session.execute(delete(Table).where(Table.id.in_(table_ids)))
 
 
+# Asked by every new batch's barrier and every next-barrier: built once, with a bound
+# parameter (see barriers.repository).
+_SUPERSEDING = (
+    select(RevisionTable.revision_id)
+    .join(Revision, Revision.id == RevisionTable.revision_id)
+    .where(RevisionTable.writer == bindparam("writer"), Revision.state.in_(FREEZING))
+    .order_by(RevisionTable.revision_id.desc())
+    .limit(1)
+)
+
+
 def superseding(session: Session, writer: str) -> int | None:
     """The revision, swapping or swapped, whose jobs replace the job named ``writer``."""
-    return session.execute(
-        select(RevisionTable.revision_id)
-        .join(Revision, Revision.id == RevisionTable.revision_id)
-        .where(RevisionTable.writer == writer, Revision.state.in_(FREEZING))
-        .order_by(RevisionTable.revision_id.desc())
-        .limit(1)
-    ).scalar_one_or_none()
+    return session.execute(_SUPERSEDING, {"writer": writer}).scalar_one_or_none()
 
 
 # -- the swap ---------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import Integer, bindparam, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from metaservice.errors import NotFound
@@ -18,6 +18,21 @@ from metaservice.models import (
     Job,
     JobInput,
     Table,
+)
+
+# Statements of the hot requests, built once (see barriers.repository).
+_TABLES_BY_NAMES = select(Table).where(Table.name.in_(bindparam("names", expanding=True)))
+_JOBS_BY_IDS = select(Job).where(Job.id.in_(bindparam("ids", expanding=True)))
+_INPUT_TABLES = (
+    select(Table)
+    .join(JobInput, JobInput.table_id == Table.id)
+    .where(JobInput.job_id == bindparam("job_id", type_=Integer))
+    .order_by(Table.name)
+)
+_COUNT_OUTPUTS = (
+    select(func.count())
+    .select_from(Table)
+    .where(Table.writer_id == bindparam("job_id", type_=Integer))
 )
 
 
@@ -64,7 +79,7 @@ def tables_by_names(session: Session, names: Sequence[str]) -> dict[str, Table]:
     names = [n for n in names if storable(n)]
     if not names:
         return {}
-    rows = session.execute(select(Table).where(Table.name.in_(names))).scalars()
+    rows = session.execute(_TABLES_BY_NAMES, {"names": names}).scalars()
     return {t.name: t for t in rows}
 
 
@@ -75,18 +90,11 @@ def all_jobs(session: Session) -> list[Job]:
 def jobs_by_ids(session: Session, ids: Sequence[int]) -> dict[int, Job]:
     if not ids:
         return {}
-    return {j.id: j for j in session.execute(select(Job).where(Job.id.in_(ids))).scalars()}
+    return {j.id: j for j in session.execute(_JOBS_BY_IDS, {"ids": list(ids)}).scalars()}
 
 
 def input_tables(session: Session, job_id: int) -> list[Table]:
-    return list(
-        session.execute(
-            select(Table)
-            .join(JobInput, JobInput.table_id == Table.id)
-            .where(JobInput.job_id == job_id)
-            .order_by(Table.name)
-        ).scalars()
-    )
+    return list(session.execute(_INPUT_TABLES, {"job_id": job_id}).scalars())
 
 
 def output_tables(session: Session, job_id: int) -> list[Table]:
@@ -98,9 +106,7 @@ def output_tables(session: Session, job_id: int) -> list[Table]:
 
 
 def count_outputs(session: Session, job_id: int) -> int:
-    return session.execute(
-        select(func.count()).select_from(Table).where(Table.writer_id == job_id)
-    ).scalar_one()
+    return session.execute(_COUNT_OUTPUTS, {"job_id": job_id}).scalar_one()
 
 
 def count_outputs_of(session: Session, job_ids: Sequence[int]) -> dict[int, int]:
