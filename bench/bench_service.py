@@ -29,6 +29,15 @@ HTTP, routing and JSON on this machine):
 - ``next-barrier`` polls of a derived job whose source is idle (the service seals the
   source and advances the job each slot, as for any idle pipeline).
 
+Growth (``--part growth``, results in ``bench/results/service-growth.json``): the same
+layered topology at 1,000, 10,000 and 100,000 tables, its history grown (bulk
+``INSERT ... SELECT``) to about 10,000, 1 million and 10 million commits, and at each
+point the p50/p99 latency of the hot requests next to ``GET /healthz`` from the same
+service in the same run: a source batch's barrier and report, a derived batch's
+next-barrier, barrier and report, the consistent version of 10 tables, lineage upstream
+at depth 3, a table, its snapshots in the newest slots, a page of tables. ``--quick``
+stops at 10,000 tables and 1 million commits. See bench/README.md.
+
 Latencies are measured by one client, sequentially, and include HTTP and JSON on
 loopback. The service runs as ``uvicorn --factory metaservice.app:create_app`` (what
 ``metaservice start`` runs), started and stopped by this script on a free port.
@@ -36,6 +45,8 @@ loopback. The service runs as ``uvicorn --factory metaservice.app:create_app`` (
 Usage:
     python -m bench.bench_service [--out bench/results/service.json] [--quick]
                                   [--db sqlite|postgres|both] [--workers 1]
+                                  [--part writes|cycles|reads|growth|all]
+                                  [--label NAME] [--tables 1000,...] [--commits 10000,...]
 PostgreSQL URL: --pg-url, else METASERVICE_TEST_PG_URL, else
 postgresql+psycopg://postgres@127.0.0.1:5432/test. Each part runs in its own schema,
 dropped afterwards.
