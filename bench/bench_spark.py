@@ -6,6 +6,10 @@ in the same SparkSession (``local_spark_builder``, local[2]), side by side:
 
 - **append**: a source job's sink appends the batch to an Iceberg table (barrier
   request, write, commit, report to the outbox); plain: ``df.write.parquet(folder)``.
+
+Plain Spark writes with the tables' compression codec (zstd, pyiceberg's default
+``write.parquet.compression-codec``), not Spark's default (snappy): the codec is the
+table's choice, not the hooks' cost, so both sides compress alike.
 - **upsert**: a source job's sink replaces the batch's keys (every batch replaces all
   N keys of an N-row table, so the table stays at N rows); plain: read the current
   folder, drop the batch's keys (``left_anti`` join), add the batch, write a new folder.
@@ -113,8 +117,12 @@ def orders_schema(spark: SparkSession) -> T.StructType:
 # --------------------------------------------------------------------------- plain Spark
 
 
+# The tables' codec (see the module docstring).
+PLAIN_CODEC = "zstd"
+
+
 def plain_append(batch: DataFrame, folder: Path) -> None:
-    batch.write.mode("append").parquet(str(folder))
+    batch.write.mode("append").option("compression", PLAIN_CODEC).parquet(str(folder))
 
 
 def plain_replace(current: Path | None, batch: DataFrame, live: DataFrame, out: Path) -> None:
@@ -125,7 +133,7 @@ def plain_replace(current: Path | None, batch: DataFrame, live: DataFrame, out: 
         read = batch.sparkSession.read.schema(live.schema)
         kept = read.parquet(str(current)).join(batch.select(KEY), KEY, "left_anti")
         rows = kept.unionByName(live)
-    rows.write.parquet(str(out))
+    rows.write.option("compression", PLAIN_CODEC).parquet(str(out))
 
 
 def plain_changelog(
@@ -150,7 +158,7 @@ def plain_changelog(
         )
         sides = F.count("*").over(Window.partitionBy(KEY))
         rows = net.withColumn(CHANGE_TYPE, _change_type(sides)).drop("__n")
-    rows.write.parquet(str(out))
+    rows.write.option("compression", PLAIN_CODEC).parquet(str(out))
 
 
 def _change_type(sides: Column) -> Column:

@@ -7,25 +7,44 @@ default). The driver then lists the folder and reads each file's footer for the
 statistics Iceberg keeps (pyiceberg's ``parquet_file_to_data_file``, which also checks
 the file's schema against the table's). Rows never reach the driver.
 
-It serves the tables whose files Spark writes exactly as Iceberg expects them:
-unpartitioned (Spark's own partitioned layout leaves the partition columns out of the
-files and knows no Iceberg transform), every column optional (Spark does not promise
-a non-null column), of a primitive type whose Parquet encoding is the one the Iceberg
-spec names (decimals as INT32, INT64 or fixed by precision, as Spark writes them;
-nested types need field ids Spark cannot set on list elements and map entries),
-timestamps as INT64 micros, a folder Spark's Hadoop can open. The other tables are written by pyiceberg's
-writer in Python workers (`files.write_data_files`).
+A partitioned table's transforms are computed by Spark expressions into hidden columns
+that Spark's `partitionBy` turns into folders, so each file holds one partition; the
+file's partition values are inferred from its statistics (pyiceberg does it) and checked
+against the folder's. The transforms done so are the order-preserving ones on numbers,
+dates and timestamps with a time zone: identity of int, long and date, truncate of int
+and long, year, month, day and hour.
+
+It serves the tables whose files Spark writes exactly as Iceberg expects them: every
+column optional (Spark does not promise a non-null column), of a primitive type whose
+Parquet encoding is the one the Iceberg spec names (decimals as INT32, INT64 or fixed
+by precision, as Spark writes them; nested types need field ids Spark cannot set on
+list elements and map entries), timestamps as INT64 micros, partitions as above, a
+folder Spark's Hadoop can open. The other tables are written by pyiceberg's writer in
+Python workers (`files.write_data_files`): bucket (Iceberg's murmur3 is not Spark's
+hash) and string partitions among them.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pyarrow.fs as pafs
-from pyiceberg.io.pyarrow import parquet_file_to_data_file
+from pyiceberg.io.pyarrow import MetricModeTypes, compute_statistics_plan, parquet_file_to_data_file
 from pyiceberg.manifest import DataFile
+from pyiceberg.partitioning import PartitionField
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table, TableProperties
+from pyiceberg.transforms import (
+    DayTransform,
+    HourTransform,
+    IdentityTransform,
+    MonthTransform,
+    TruncateTransform,
+    YearTransform,
+)
 from pyiceberg.types import (
     BinaryType,
     BooleanType,
@@ -33,13 +52,15 @@ from pyiceberg.types import (
     DecimalType,
     DoubleType,
     FloatType,
+    IcebergType,
     IntegerType,
     LongType,
     StringType,
     TimestampType,
     TimestamptzType,
 )
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
 
 from spark_barrier.iceberg.read import spark_opens
 from spark_barrier.iceberg.schemas import iceberg_schema_to_spark
@@ -64,19 +85,25 @@ _NATIVE_TYPES = (
 )
 _TIMESTAMP_TYPES = (TimestampType, TimestamptzType)
 _FOOTER_READERS = 8
+_HIDDEN = "_iceberg_partition_{}"  # the hidden columns (and folders) of partition values
+_NULL_FOLDER_VALUE = "__HIVE_DEFAULT_PARTITION__"  # Spark's folder for a null value
+_MICROS_PER_DAY = 86_400_000_000
+_MICROS_PER_HOUR = 3_600_000_000
+_EPOCH_YEAR = 1970
 
 
 def why_not_native(df: DataFrame, folder: str, table: Table) -> str | None:
     """Why Spark's writer cannot write `table`'s files into `folder`, or None if it can."""
     fields = table.schema().fields
-    if not table.spec().is_unpartitioned():
-        return "the table is partitioned"
     if any(f.required for f in fields):
         return "the table has required columns"
     if any(not isinstance(f.field_type, _NATIVE_TYPES) for f in fields):
         return "the table has fixed, uuid, time or nested columns"
     if table.properties.get(TableProperties.WRITE_FILE_FORMAT, "parquet").lower() != "parquet":
         return "the table's file format is not Parquet"
+    partitions = _partition_values(table)
+    if isinstance(partitions, str):
+        return partitions
     spark = df.sparkSession
     if str(spark.conf.get(FIELD_ID_WRITE_KEY, "true")).lower() != "true":
         return f"{FIELD_ID_WRITE_KEY} is off"
@@ -94,22 +121,112 @@ def write_natively(
 ) -> list[DataFile]:
     """Write `df` (the table's columns, in table order) into the new `folder` with
     Spark's Parquet writer, and describe the written files; empty files are removed.
-    `fs` and `fs_path` name `folder` for pyarrow (the table's FileIO file system)."""
-    spark_fields = iceberg_schema_to_spark(table.schema()).fields
+    `fs` and `fs_path` name `folder` for pyarrow (the table's FileIO file system).
+    Call it only when :func:`why_not_native` says None."""
+    schema = table.schema()
+    spark_fields = iceberg_schema_to_spark(schema).fields
     columns = [
         df[i].cast(field.dataType).alias(field.name, metadata={FIELD_ID_KEY: iceberg.field_id})
-        for i, (field, iceberg) in enumerate(zip(spark_fields, table.schema().fields, strict=True))
+        for i, (field, iceberg) in enumerate(zip(spark_fields, schema.fields, strict=True))
     ]
+    partitions = _partition_values(table)
+    assert not isinstance(partitions, str), partitions
+    typed = df.select(*columns)  # partition transforms read the columns as the table types them
+    hidden = [value(typed).alias(_HIDDEN.format(i)) for i, value in enumerate(partitions)]
     codec = table.properties.get(TableProperties.PARQUET_COMPRESSION, "zstd")
-    df.select(*columns).write.mode("errorifexists").option("compression", codec).parquet(folder)
+    writer = typed.select("*", *hidden).write.mode("errorifexists")
+    if hidden:
+        writer = writer.partitionBy(*(_HIDDEN.format(i) for i in range(len(hidden))))
+    writer.option("compression", codec).parquet(folder)
     return _describe(folder, table, fs, fs_path)
+
+
+# --------------------------------------------------------------------------- partitions
+
+# One partition field's value of each row, as a Spark expression over the typed batch.
+_SparkTransform = Callable[[DataFrame], Column]
+_TIME_TRANSFORMS = (YearTransform, MonthTransform, DayTransform, HourTransform)
+
+
+def _partition_values(table: Table) -> list[_SparkTransform] | str:
+    """Spark expressions of the table's partition values, or why there are none."""
+    schema = table.schema()
+    values: list[_SparkTransform] = []
+    metrics = compute_statistics_plan(schema, table.properties)
+    for field in table.spec().fields:
+        source = schema.find_field(field.source_id)
+        value = _in_spark(field, source.name, source.field_type)
+        if value is None:
+            return f"its partition field {field.name} is computed by pyiceberg ({field.transform})"
+        collector = metrics.get(field.source_id)
+        if collector is None or collector.mode.type in (
+            MetricModeTypes.NONE,
+            MetricModeTypes.COUNTS,
+        ):
+            # A file's partition is read back from its bounds: they must be kept.
+            return f"column {source.name} has no bounds in its metrics mode"
+        if _HIDDEN.format(len(values)) in {f.name for f in schema.fields}:
+            return f"a column is named {_HIDDEN.format(len(values))}"
+        values.append(value)
+    return values
+
+
+def _in_spark(field: PartitionField, column: str, kind: IcebergType) -> _SparkTransform | None:
+    transform = field.transform
+    numbers = isinstance(kind, (IntegerType, LongType))
+    if isinstance(transform, IdentityTransform) and numbers:
+        return lambda df: df[column]
+    if isinstance(transform, IdentityTransform) and isinstance(kind, DateType):
+        return lambda df: F.unix_date(df[column])
+    if isinstance(transform, TruncateTransform) and numbers:
+        width = F.lit(transform.width)
+        return lambda df: df[column] - F.pmod(df[column], width)
+    if isinstance(transform, _TIME_TRANSFORMS):
+        return _time_transform(transform, column, kind)
+    return None
+
+
+def _time_transform(transform: Any, column: str, kind: IcebergType) -> _SparkTransform | None:
+    """Year, month, day or hour since the epoch, in UTC, as Iceberg counts them."""
+
+    def micros(df: DataFrame) -> Column:
+        if isinstance(kind, DateType):
+            return F.unix_date(df[column]).cast("long") * _MICROS_PER_DAY
+        return F.unix_micros(df[column])
+
+    def day(df: DataFrame) -> Column:  # the UTC date
+        return F.date_from_unix_date(_floor_div(micros(df), _MICROS_PER_DAY))
+
+    if not isinstance(kind, (TimestamptzType, DateType)):
+        return None  # a timestamp without zone: Spark's date functions would apply one
+    if isinstance(transform, HourTransform):
+        return (
+            None
+            if isinstance(kind, DateType)
+            else lambda df: _floor_div(micros(df), _MICROS_PER_HOUR)
+        )
+    if isinstance(transform, DayTransform):
+        return lambda df: _floor_div(micros(df), _MICROS_PER_DAY)
+    if isinstance(transform, YearTransform):
+        return lambda df: F.year(day(df)) - _EPOCH_YEAR
+    return lambda df: (F.year(day(df)) - _EPOCH_YEAR) * 12 + F.month(day(df)) - 1
+
+
+def _floor_div(value: Column, divisor: int) -> Column:
+    """Integer division rounding down (Iceberg's time transforms before 1970 too); exact:
+    the dividend minus its remainder is a multiple of `divisor` below 2**53."""
+    return ((value - F.pmod(value, F.lit(divisor))) / divisor).cast("int")
+
+
+# --------------------------------------------------------------------------- the files
 
 
 def _describe(folder: str, table: Table, fs: pafs.FileSystem, path: str) -> list[DataFile]:
     """A DataFile per non-empty Parquet file under `folder`; Spark's other files (the
     `_SUCCESS` marker, local checksums) and empty data files are deleted."""
-    names = [info.base_name for info in fs.get_file_info(pafs.FileSelector(path))]
-    data = sorted(n for n in names if n.endswith(".parquet") and not n.startswith((".", "_")))
+    found = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+    names = [i.path[len(path) + 1 :] for i in found if i.type == pafs.FileType.File]
+    data = sorted(n for n in names if _is_data_file(n))
     for name in set(names) - set(data):
         fs.delete_file(f"{path}/{name}")
     with ThreadPoolExecutor(min(_FOOTER_READERS, max(1, len(data)))) as pool:
@@ -125,6 +242,28 @@ def _describe(folder: str, table: Table, fs: pafs.FileSystem, path: str) -> list
     for name, data_file in zip(data, described, strict=True):
         if data_file.record_count == 0:  # Spark writes one for an empty DataFrame
             fs.delete_file(f"{path}/{name}")
-        else:
-            files.append(data_file)
+            continue
+        _check_partition(name, data_file, table.schema())
+        files.append(data_file)
     return files
+
+
+def _is_data_file(name: str) -> bool:
+    base = name.rsplit("/", 1)[-1]
+    return base.endswith(".parquet") and not base.startswith((".", "_"))
+
+
+def _check_partition(name: str, data_file: DataFile, schema: Schema) -> None:
+    """The partition pyiceberg inferred from the file's bounds is the one Spark's folders
+    name: the transforms computed in Spark agree with Iceberg's, row by row."""
+    folders = dict(part.split("=", 1) for part in name.split("/")[:-1])
+    expected = [
+        None if value == _NULL_FOLDER_VALUE else int(value)
+        for _, value in sorted(folders.items(), key=lambda kv: int(kv[0].rsplit("_", 1)[1]))
+    ]
+    inferred = [data_file.partition[i] for i in range(len(expected))]
+    if inferred != expected:
+        raise RuntimeError(
+            f"{name}: Spark computed the partition {expected}, its rows' bounds give "
+            f"{inferred} (schema {schema}); this is a bug in spark_barrier's transforms"
+        )

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
+from pyiceberg.utils.datetime import date_to_days, datetime_to_micros
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -181,9 +182,6 @@ def test_tables_spark_cannot_write_as_iceberg_expects_go_through_pyiceberg(
     assert not any(_spark_written(p) for p in data_file_paths(required, sid))
     assert [tuple(r) for r in read_snapshot(spark, required, sid).collect()] == [(1,)]
 
-    partitioned = ensure_table(catalog, "dw.parts", WIDE, partition_by=["day(day)"])
-    assert why_not_native(df, partitioned.location(), partitioned) == "the table is partitioned"
-
 
 def test_a_session_writing_int96_timestamps_leaves_the_write_to_pyiceberg(
     spark: SparkSession, catalog: Catalog
@@ -198,3 +196,98 @@ def test_a_session_writing_int96_timestamps_leaves_the_write_to_pyiceberg(
         spark.conf.set(PARQUET_TIMESTAMP_TYPE_KEY, "TIMESTAMP_MICROS")
     assert not any(_spark_written(p) for p in data_file_paths(table, sid))
     assert why_not_native(df, table.location(), table) is None
+
+
+# --------------------------------------------------------------------------- partitioned
+
+EVENTS = T.StructType(
+    [
+        T.StructField("id", T.LongType()),
+        T.StructField("n", T.IntegerType()),
+        T.StructField("day", T.DateType()),
+        T.StructField("at", T.TimestampType()),
+        T.StructField("name", T.StringType()),
+    ]
+)
+
+
+def _events() -> list[tuple[Any, ...]]:
+    """Values on both sides of the epoch and of day, month and year boundaries, and nulls."""
+    stamps = [
+        dt.datetime(1969, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+        dt.datetime(1970, 1, 1, 0, 0, 0, tzinfo=UTC),
+        dt.datetime(1968, 2, 29, 13, 0, 1, tzinfo=UTC),
+        dt.datetime(2024, 2, 29, 23, 59, 59, 999999, tzinfo=UTC),
+        dt.datetime(2024, 3, 1, 0, 0, 0, tzinfo=UTC),
+        dt.datetime(2024, 12, 31, 23, 0, 0, tzinfo=UTC),
+        None,
+    ]
+    rows = []
+    for i, at in enumerate(stamps):
+        day = None if at is None else at.date()
+        rows.append((i, (i * 7) - 20, day, at, f"n{i % 3}"))
+    rows.append((99, None, dt.date(1960, 6, 15), dt.datetime(2025, 1, 1, tzinfo=UTC), None))
+    return rows
+
+
+def _internal(value: Any) -> Any:
+    """A value as pyiceberg's transforms take it: micros for timestamps, days for dates."""
+    if isinstance(value, dt.datetime):
+        return datetime_to_micros(value)
+    if isinstance(value, dt.date):
+        return date_to_days(value)
+    return value
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        ["day(at)"],
+        ["hour(at)"],
+        ["month(at)"],
+        ["year(at)"],
+        ["day(day)"],
+        ["month(day)"],
+        ["year(day)"],
+        ["day"],
+        ["n"],
+        ["truncate(10, n)"],
+        ["truncate(4, id)", "month(day)"],
+    ],
+)
+def test_a_partitioned_table_is_written_by_spark_with_iceberg_partition_values(
+    spark: SparkSession, catalog: Catalog, spec: list[str]
+) -> None:
+    table = ensure_table(catalog, "dw.events", EVENTS, partition_by=spec)
+    rows = _events()
+    df = spark.createDataFrame(rows, EVENTS).repartition(2)
+    assert why_not_native(df, table.location(), table) is None
+
+    sid = _commit(df, table, 1)
+
+    paths = data_file_paths(table, sid)
+    assert paths and all(_spark_written(p) for p in paths)
+    schema, fields = table.schema(), table.spec().fields
+    for task in table.scan(snapshot_id=sid).plan_files():
+        file_rows = pq.read_table(_local(task.file.file_path)).to_pylist()
+        for field_index, field in enumerate(fields):
+            column = schema.find_column_name(field.source_id)
+            transform = field.transform.transform(schema.find_type(field.source_id))
+            values = {transform(_internal(r[column])) for r in file_rows}
+            # Every row of the file is in the file's partition, as Iceberg computes it.
+            assert values == {task.file.partition[field_index]}, (spec, column, file_rows)
+    scanned = catalog.load_table("dw.events").scan().to_arrow()
+    assert sorted(scanned.column("id").to_pylist()) == sorted(r[0] for r in rows)
+    assert read_snapshot(spark, table, sid).count() == len(rows)
+
+
+@pytest.mark.parametrize("spec", [["bucket(4, id)"], ["name"], ["truncate(2, name)"]])
+def test_partitions_spark_cannot_compute_as_iceberg_does_are_written_by_pyiceberg(
+    spark: SparkSession, catalog: Catalog, spec: list[str]
+) -> None:
+    table = ensure_table(catalog, "dw.events", EVENTS, partition_by=spec)
+    df = spark.createDataFrame(_events(), EVENTS)
+    assert "computed by pyiceberg" in (why_not_native(df, table.location(), table) or "")
+    sid = _commit(df, table, 1)
+    assert not any(_spark_written(p) for p in data_file_paths(table, sid))
+    assert read_snapshot(spark, table, sid).count() == len(_events())
