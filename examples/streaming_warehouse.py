@@ -20,12 +20,17 @@ live orders, that order counts match and that the detail holds exactly the live 
 (always true), and the same on the latest snapshots (often not). It ends with a
 summary of those checks, and exits with status 1 if a check at a consistent version
 failed (2 if it never found a consistent version to check).
+
+`kill -USR1 <pid>` makes a running demo print every Python thread's stack to stderr (a
+query that stalls shows where it waits); `jstack` does the same for its JVM.
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
+import signal
 import sys
 import time
 from pathlib import Path
@@ -271,6 +276,7 @@ class StatusBoard:
 
 
 def main(argv: list[str] | None = None) -> None:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

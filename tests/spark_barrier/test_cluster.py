@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,26 @@ def _tail(log: Path, lines: int = 120) -> str:
     text = log.read_text().splitlines()
     own = [line for line in text if not line.startswith(("WARN", "WARNING", "\tat ", "26/"))]
     return "\n".join(own[-lines:])
+
+
+def _stacks(driver: subprocess.Popen[str], log: Path) -> str:
+    """Where a stalled driver waits: its Python threads (the demo prints them on SIGUSR1)
+    and its JVM's streaming-query threads (jstack)."""
+    printed_from = log.stat().st_size
+    driver.send_signal(signal.SIGUSR1)
+    time.sleep(2)
+    python = log.read_text(errors="replace")[printed_from:]
+    jvms = subprocess.run(
+        ["pgrep", "-P", str(driver.pid), "java"], capture_output=True, text=True
+    ).stdout.split()
+    queries = []
+    for pid in jvms:
+        dump = subprocess.run(["jstack", pid], capture_output=True, text=True, timeout=60).stdout
+        queries += [t for t in dump.split("\n\n") if "sql.execution.streaming" in t]
+    return (
+        f"== Python threads of the driver ==\n{python}\n"
+        f"== JVM threads of its streaming queries ==\n" + "\n\n".join(queries)
+    )
 
 
 def worker_of(task: dict[str, Any], cluster: StandaloneCluster) -> int:
@@ -108,9 +130,12 @@ def test_demo_pipeline_runs_on_the_cluster_with_its_tables_on_s3(
         try:
             returncode = demo.wait(timeout=600)
         except subprocess.TimeoutExpired:
+            tail, stacks = _tail(log), _stacks(demo, log)
             demo.kill()
             demo.wait()
-            pytest.fail(f"demo still running after 600 s:\n{_tail(log)}\n{spark_cluster.logs()}")
+            pytest.fail(
+                f"demo still running after 600 s:\n{tail}\n{stacks}\n{spark_cluster.logs()}"
+            )
     output = log.read_text()
     assert returncode == 0, f"demo exited with {returncode}:\n{_tail(log)}\n{spark_cluster.logs()}"
     checks = re.search(r"checks at consistent versions: (\d+), failed: (\d+)", output)
