@@ -431,7 +431,9 @@ class BarrierJob:
 
     def close(self, timeout: float = 30.0) -> None:
         """Release the job's offline grant, deliver pending reports (waiting up to
-        ``timeout``) and close the outbox. Call it once the job's queries have stopped."""
+        ``timeout``) and close the outbox; the session's listener stops reporting the job
+        (and leaves Spark with the last job of its MetaService). Call it once the job's
+        queries have stopped."""
         if self.offline is not None:
             self.offline.close(release=True)
         if not self.reporter.flush(timeout):
@@ -441,6 +443,7 @@ class BarrierJob:
                 self.name, timeout,
             )  # fmt: skip
         self.reporter.close()
+        _release_listener(self.spark, self.client, self.name)
 
 
 class BarrierSink:
@@ -755,6 +758,25 @@ def _listener_for(spark: SparkSession, client: MetaServiceClient) -> BarrierList
             spark.streams.addListener(listener)
             _listeners[key] = listener
         return listener
+
+
+def _release_listener(spark: SparkSession, client: MetaServiceClient, job: str) -> None:
+    """`job` no longer reports through its session's listener; the last job's close removes
+    the listener from Spark. Spark calls every registered listener, through Py4J, for every
+    event of every query: listeners left behind by closed jobs slow the whole driver, and
+    Spark delivers their backlog before a session stops."""
+    key = (id(spark), client.url)
+    with _listeners_lock:
+        listener = _listeners.get(key)
+        if listener is None:
+            return
+        listener.jobs.discard(job)
+        if listener.jobs:
+            return
+        del _listeners[key]
+    listener.drain(timeout=2.0)  # the terminated events of the queries just stopped
+    spark.streams.removeListener(listener)
+    listener.stop()
 
 
 def _token(client: MetaServiceClient) -> str | None:

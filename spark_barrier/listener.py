@@ -44,6 +44,8 @@ class BarrierListener(StreamingQueryListener):
 
     def onQueryProgress(self, event: Any) -> None:
         p = event.progress
+        if p.name not in self.jobs:
+            return  # another query's: build nothing
         self._put(
             p.name,
             JobEvent(
@@ -82,6 +84,12 @@ class BarrierListener(StreamingQueryListener):
                 log.debug("could not report %s of %s: %s", event.event, name, exc)
             finally:
                 self._queue.task_done()
+
+    def stop(self, timeout: float = 1.0) -> None:
+        """End the delivery thread (once the listener is removed from Spark)."""
+        with contextlib.suppress(queue.Full):
+            self._queue.put(None, timeout=timeout)
+        self._thread.join(timeout)
 
     def drain(self, timeout: float = 5.0) -> bool:
         """Wait until every queued event was sent (tests, clean shutdown)."""
