@@ -155,7 +155,8 @@ def _partition_values(table: Table) -> list[_SparkTransform] | str:
     metrics = compute_statistics_plan(schema, table.properties)
     for field in table.spec().fields:
         source = schema.find_field(field.source_id)
-        value = _in_spark(field, source.name, source.field_type)
+        position = [f.field_id for f in schema.fields].index(field.source_id)
+        value = _in_spark(field, position, source.field_type)
         if value is None:
             return f"its partition field {field.name} is computed by pyiceberg ({field.transform})"
         collector = metrics.get(field.source_id)
@@ -171,7 +172,9 @@ def _partition_values(table: Table) -> list[_SparkTransform] | str:
     return values
 
 
-def _in_spark(field: PartitionField, column: str, kind: IcebergType) -> _SparkTransform | None:
+def _in_spark(field: PartitionField, column: int, kind: IcebergType) -> _SparkTransform | None:
+    """The transform of the batch's column at position `column` (by position: a name may
+    hold dots), or None when Spark cannot compute it as Iceberg does."""
     transform = field.transform
     numbers = isinstance(kind, (IntegerType, LongType))
     if isinstance(transform, IdentityTransform) and numbers:
@@ -186,7 +189,7 @@ def _in_spark(field: PartitionField, column: str, kind: IcebergType) -> _SparkTr
     return None
 
 
-def _time_transform(transform: Any, column: str, kind: IcebergType) -> _SparkTransform | None:
+def _time_transform(transform: Any, column: int, kind: IcebergType) -> _SparkTransform | None:
     """Year, month, day or hour since the epoch, in UTC, as Iceberg counts them."""
 
     def micros(df: DataFrame) -> Column:
@@ -213,9 +216,11 @@ def _time_transform(transform: Any, column: str, kind: IcebergType) -> _SparkTra
 
 
 def _floor_div(value: Column, divisor: int) -> Column:
-    """Integer division rounding down (Iceberg's time transforms before 1970 too); exact:
-    the dividend minus its remainder is a multiple of `divisor` below 2**53."""
-    return ((value - F.pmod(value, F.lit(divisor))) / divisor).cast("int")
+    """Integer division rounding down, as Iceberg's time transforms count before 1970 too:
+    the dividend less its remainder is a multiple of `divisor`, which Spark's integral
+    `div` (rounding towards zero) divides exactly, in longs."""
+    exact = value - F.pmod(value, F.lit(divisor))
+    return F.call_function("div", exact, F.lit(divisor)).cast("int")
 
 
 # --------------------------------------------------------------------------- the files

@@ -212,7 +212,8 @@ EVENTS = T.StructType(
 
 
 def _events() -> list[tuple[Any, ...]]:
-    """Values on both sides of the epoch and of day, month and year boundaries, and nulls."""
+    """Values on both sides of the epoch and of day, month and year boundaries, far in
+    the future, and nulls."""
     stamps = [
         dt.datetime(1969, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
         dt.datetime(1970, 1, 1, 0, 0, 0, tzinfo=UTC),
@@ -220,6 +221,9 @@ def _events() -> list[tuple[Any, ...]]:
         dt.datetime(2024, 2, 29, 23, 59, 59, 999999, tzinfo=UTC),
         dt.datetime(2024, 3, 1, 0, 0, 0, tzinfo=UTC),
         dt.datetime(2024, 12, 31, 23, 0, 0, tzinfo=UTC),
+        # Past 2**53 microseconds since the epoch: no floating point in the transforms.
+        dt.datetime(2500, 7, 1, 12, 0, 0, 1, tzinfo=UTC),
+        dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
         None,
     ]
     rows = []
