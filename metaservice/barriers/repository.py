@@ -465,4 +465,8 @@ def latest_snapshots(session: Session, table_ids: Sequence[int]) -> dict[int, La
             page, Commit.id == page.c.commit_id
         )
     )
-    return {table_id: LatestSnapshot(snapshot, barrier) for table_id, snapshot, barrier in rows}
+    return {
+        table_id: LatestSnapshot(snapshot, barrier)
+        for table_id, snapshot, barrier in rows
+        if snapshot is not None  # always, by the query: for the type checker
+    }
