@@ -51,6 +51,7 @@ bench: install
 	$(PY) -m bench.bench_service --out bench/results/service.json
 	$(PY) -m bench.bench_outbox --out bench/results/outbox.json
 	$(PY) -m bench.bench_spark --out bench/results/spark.json
+	$(PY) -m bench.bench_writer --out bench/results/writer.json
 	$(PY) -m bench.bench_freshness --out bench/results/freshness.json
 	$(PY) -m bench.bench_expiry --out bench/results/expiry.json
 	$(PY) -m bench.bench_revision --out bench/results/revision.json

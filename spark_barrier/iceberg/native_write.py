@@ -14,7 +14,10 @@ against the folder's. The transforms done so are the order-preserving ones on nu
 dates and timestamps with a time zone: identity of int, long and date, truncate of int
 and long, year, month, day and hour.
 
-It serves the tables whose files Spark writes exactly as Iceberg expects them: every
+It serves the tables that ask for it (the table property `spark-barrier.write.native`
+set to `true`: Spark's file commit protocol costs more than the Python round trip saves
+on small batches, see `bench/bench_writer.py`) and whose files Spark writes exactly as
+Iceberg expects them: every
 column optional (Spark does not promise a non-null column), of a primitive type whose
 Parquet encoding is the one the Iceberg spec names (decimals as INT32, INT64 or fixed
 by precision, as Spark writes them; nested types need field ids Spark cannot set on
@@ -68,6 +71,16 @@ from spark_barrier.spark_session import PARQUET_TIMESTAMP_TYPE, PARQUET_TIMESTAM
 
 log = logging.getLogger(__name__)
 
+# The table property that turns Spark's writer on for a table. Off by default: Spark's
+# file commit protocol costs more than it saves on small batches (measured by
+# bench/bench_writer.py: slower at 500 and 100,000 rows, faster at 1,000,000).
+NATIVE_WRITER_PROPERTY = "spark-barrier.write.native"
+# Hadoop settings of the write: the v2 commit algorithm moves each task's files once (v1
+# moves them again at job commit), and no _SUCCESS marker (the snapshot is the marker).
+_COMMITTER_OPTIONS = {
+    "mapreduce.fileoutputcommitter.algorithm.version": "2",
+    "mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
+}
 FIELD_ID_KEY = "parquet.field.id"  # the column metadata Spark's writer turns into field ids
 FIELD_ID_WRITE_KEY = "spark.sql.parquet.fieldId.write.enabled"
 _NATIVE_TYPES = (
@@ -93,7 +106,9 @@ _EPOCH_YEAR = 1970
 
 
 def why_not_native(df: DataFrame, folder: str, table: Table) -> str | None:
-    """Why Spark's writer cannot write `table`'s files into `folder`, or None if it can."""
+    """Why Spark's writer does not write `table`'s files into `folder`, or None if it does."""
+    if table.properties.get(NATIVE_WRITER_PROPERTY, "false").lower() != "true":
+        return f"the table property {NATIVE_WRITER_PROPERTY} is not true"
     fields = table.schema().fields
     if any(f.required for f in fields):
         return "the table has required columns"
@@ -137,7 +152,7 @@ def write_natively(
     writer = typed.select("*", *hidden).write.mode("errorifexists")
     if hidden:
         writer = writer.partitionBy(*(_HIDDEN.format(i) for i in range(len(hidden))))
-    writer.option("compression", codec).parquet(folder)
+    writer.options(**_COMMITTER_OPTIONS).option("compression", codec).parquet(folder)
     return _describe(folder, table, fs, fs_path)
 
 

@@ -21,7 +21,7 @@ from pyspark.sql import types as T
 from spark_barrier.iceberg.catalog import ensure_table
 from spark_barrier.iceberg.commit import commit_batch
 from spark_barrier.iceberg.files import write_data_files
-from spark_barrier.iceberg.native_write import why_not_native
+from spark_barrier.iceberg.native_write import NATIVE_WRITER_PROPERTY, why_not_native
 from spark_barrier.iceberg.read import read_snapshot
 from spark_barrier.iceberg.scan import data_file_paths
 from spark_barrier.iceberg.schemas import spark_schema_to_arrow
@@ -66,6 +66,24 @@ def _wide_rows(ids: range) -> list[tuple[Any, ...]]:
     ]
 
 
+def native_table(catalog: Catalog, name: str, schema: Any, **kw: Any) -> Table:
+    """A table that asks for Spark's writer (the table property; off by default)."""
+    table = ensure_table(catalog, name, schema, **kw)
+    with table.transaction() as txn:
+        txn.set_properties({NATIVE_WRITER_PROPERTY: "true"})
+    return table
+
+
+def test_a_table_is_written_by_python_workers_unless_it_asks_for_spark(
+    spark: SparkSession, catalog: Catalog
+) -> None:
+    table = ensure_table(catalog, "dw.wide", WIDE)
+    df = spark.createDataFrame(_wide_rows(range(3)), WIDE)
+    assert NATIVE_WRITER_PROPERTY in (why_not_native(df, table.location(), table) or "")
+    sid = _commit(df, table, 1)
+    assert not any(_spark_written(p) for p in data_file_paths(table, sid))
+
+
 def _micros(ts: dt.datetime) -> int:
     return (ts - dt.datetime(1970, 1, 1, tzinfo=UTC)) // dt.timedelta(microseconds=1)
 
@@ -85,7 +103,7 @@ def _spark_written(path: str) -> bool:
 def test_an_unpartitioned_table_is_written_by_spark_with_iceberg_field_ids_and_statistics(
     spark: SparkSession, catalog: Catalog
 ) -> None:
-    table = ensure_table(catalog, "dw.wide", WIDE)
+    table = native_table(catalog, "dw.wide", WIDE)
     rows = _wide_rows(range(50))
 
     sid = _commit(spark.createDataFrame(rows, WIDE).repartition(2), table, 1)
@@ -115,7 +133,7 @@ def test_an_unpartitioned_table_is_written_by_spark_with_iceberg_field_ids_and_s
 def test_a_filter_prunes_spark_written_files_by_their_statistics(
     spark: SparkSession, catalog: Catalog
 ) -> None:
-    table = ensure_table(catalog, "dw.wide", WIDE)
+    table = native_table(catalog, "dw.wide", WIDE)
     _commit(spark.createDataFrame(_wide_rows(range(0, 10)), WIDE).coalesce(1), table, 1)
     sid = _commit(spark.createDataFrame(_wide_rows(range(100, 110)), WIDE).coalesce(1), table, 2)
 
@@ -127,7 +145,7 @@ def test_a_filter_prunes_spark_written_files_by_their_statistics(
 def test_spark_leaves_no_marker_checksum_or_empty_file_behind(
     spark: SparkSession, catalog: Catalog, tmp_path: Path
 ) -> None:
-    table = ensure_table(catalog, "dw.wide", WIDE)
+    table = native_table(catalog, "dw.wide", WIDE)
     folder = f"{table.location()}/data/batch-test"
 
     written = write_data_files(
@@ -155,7 +173,7 @@ DECIMALS = T.StructType(
 def test_decimals_of_every_width_are_written_by_spark_with_their_bounds(
     spark: SparkSession, catalog: Catalog
 ) -> None:
-    table = ensure_table(catalog, "dw.dec", DECIMALS)
+    table = native_table(catalog, "dw.dec", DECIMALS)
     rows = [
         (1, Decimal("-1.25"), Decimal("1234567890123456.78"), Decimal("-0.0000000001")),
         (2, Decimal("9999999.99"), Decimal("-0.01"), Decimal("1234567890123456789012345678")),
@@ -175,7 +193,7 @@ def test_tables_spark_cannot_write_as_iceberg_expects_go_through_pyiceberg(
 ) -> None:
     schema = T.StructType([T.StructField("id", T.LongType(), False)])
     arrow = spark_schema_to_arrow(schema, keep_nullability=True)
-    required = ensure_table(catalog, "dw.req", arrow)
+    required = native_table(catalog, "dw.req", arrow)
     df = spark.createDataFrame([(1,)], schema)
     assert why_not_native(df, required.location(), required) == "the table has required columns"
     sid = _commit(df, required, 1)
@@ -186,7 +204,7 @@ def test_tables_spark_cannot_write_as_iceberg_expects_go_through_pyiceberg(
 def test_a_session_writing_int96_timestamps_leaves_the_write_to_pyiceberg(
     spark: SparkSession, catalog: Catalog
 ) -> None:
-    table = ensure_table(catalog, "dw.wide", WIDE)
+    table = native_table(catalog, "dw.wide", WIDE)
     df = spark.createDataFrame(_wide_rows(range(2)), WIDE)
     spark.conf.set(PARQUET_TIMESTAMP_TYPE_KEY, "INT96")
     try:
@@ -262,7 +280,7 @@ def _internal(value: Any) -> Any:
 def test_a_partitioned_table_is_written_by_spark_with_iceberg_partition_values(
     spark: SparkSession, catalog: Catalog, spec: list[str]
 ) -> None:
-    table = ensure_table(catalog, "dw.events", EVENTS, partition_by=spec)
+    table = native_table(catalog, "dw.events", EVENTS, partition_by=spec)
     rows = _events()
     df = spark.createDataFrame(rows, EVENTS).repartition(2)
     assert why_not_native(df, table.location(), table) is None
@@ -289,7 +307,7 @@ def test_a_partitioned_table_is_written_by_spark_with_iceberg_partition_values(
 def test_partitions_spark_cannot_compute_as_iceberg_does_are_written_by_pyiceberg(
     spark: SparkSession, catalog: Catalog, spec: list[str]
 ) -> None:
-    table = ensure_table(catalog, "dw.events", EVENTS, partition_by=spec)
+    table = native_table(catalog, "dw.events", EVENTS, partition_by=spec)
     df = spark.createDataFrame(_events(), EVENTS)
     assert "computed by pyiceberg" in (why_not_native(df, table.location(), table) or "")
     sid = _commit(df, table, 1)
