@@ -713,13 +713,18 @@ def _record(scope: _ReportScope, report: CommitReport, prefix: str) -> CommitRes
     ctx = scope.ctx
     job = scope.jobs[report.job]
     table = scope.table(report.table, field=f"{prefix}table")
+    batch = scope.batches.get((job.id, report.batch_id))
+    existing = scope.commits.get((job.id, report.batch_id, table.id))
+    if _same_commit(existing, report) and batch is not None and not batch.abandoned:
+        # Recorded before (an outbox retry whose answer was lost, or a Spark replay):
+        # the same answer, even if the job has stopped writing the table since.
+        return _result(report, "duplicate", batch.committed)
     if table.writer_id != job.id:
         raise Conflict(
             f"job '{job.name}' does not write table '{table.name}'",
             field=f"{prefix}table",
             code="not_writer",
         )
-    batch = scope.batches.get((job.id, report.batch_id))
     # A source job's own offline claim may lie ahead of the service's clock.
     own = batch.barrier if batch is not None else 0
     if report.barrier > max(ctx.now_slot(), own) and report.barrier > max(scope.newest(), own):
@@ -749,16 +754,13 @@ def _record(scope: _ReportScope, report: CommitReport, prefix: str) -> CommitRes
             field=f"{prefix}barrier",
             code="barrier_mismatch",
         )
-    existing = scope.commits.get((job.id, report.batch_id, table.id))
     if existing is not None:
-        if existing.snapshot_id != report.snapshot_id:
-            raise Conflict(
-                f"batch {report.batch_id} of job '{job.name}' was already reported for "
-                f"'{table.name}' with snapshot {existing.snapshot_id}, not {report.snapshot_id}",
-                field=f"{prefix}snapshot_id",
-                code="conflicting_report",
-            )
-        return _result(report, "duplicate", batch.committed)
+        raise Conflict(
+            f"batch {report.batch_id} of job '{job.name}' was already reported for "
+            f"'{table.name}' with snapshot {existing.snapshot_id}, not {report.snapshot_id}",
+            field=f"{prefix}snapshot_id",
+            code="conflicting_report",
+        )
     if report.snapshot_id is not None:
         other = scope.by_snapshot.get((table.id, report.snapshot_id))
         if other is not None:
@@ -786,6 +788,14 @@ def _record(scope: _ReportScope, report: CommitReport, prefix: str) -> CommitRes
         if drop is not None:
             scope.plans_upto[job.id] = max(drop, scope.plans_upto.get(job.id, drop))
     return _result(report, "recorded", batch.committed)
+
+
+def _same_commit(existing: Commit | None, report: CommitReport) -> bool:
+    return (
+        existing is not None
+        and existing.snapshot_id == report.snapshot_id
+        and existing.barrier == report.barrier
+    )
 
 
 def complete_batch(session: Session, ctx: Context, job: Job, batch: Batch) -> None:

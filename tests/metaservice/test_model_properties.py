@@ -54,6 +54,7 @@ from tests.metaservice.simulation import (
     Release,
     ReleaseGrant,
     Replace,
+    Replay,
     ReportIn,
     Reregister,
     ResetQuery,
@@ -569,11 +570,30 @@ OUTPUT_DROPPED_AFTER_ABANDON = Scenario(
 )
 
 
+# A batch that wrote an added output finishes, the output is dropped, and Spark replays
+# the batch: its reports were recorded before the drop, so sending them again is a
+# duplicate (an outbox retry whose answer was lost looks the same), not a refusal.
+FINISHED_BATCH_REPLAYED_AFTER_ITS_OUTPUT_DROPPED = Scenario(
+    Topology((_S0, _D0)),
+    (
+        Reregister("src0", "add_output"),
+        Run("src0"),
+        Reregister("src0", "drop_output"),
+        Replay("src0"),
+        Advance(1000),
+        Run("src0"),
+        Advance(1000),
+        Run("der0"),
+    ),
+)
+
+
 @pytest.mark.slow
 @_settings(examples=10)
 @given(scenario=scenarios(CHANGE_WEIGHTS, min_steps=10, max_steps=30))
 @example(scenario=CHANGES_WHILE_BATCHES_ARE_OPEN)
 @example(scenario=OUTPUT_DROPPED_AFTER_ABANDON)
+@example(scenario=FINISHED_BATCH_REPLAYED_AFTER_ITS_OUTPUT_DROPPED)
 @example(scenario=REPLACED_WRITER_UNDER_A_LEASE)
 def test_job_changes_never_break_consistency(backend: str, scenario: Scenario) -> None:
     """Re-registrations (same spec; kind or inputs changed: refused with nothing changed
