@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-import networkx as nx
 from sqlalchemy.orm import Session
 
 from metaservice.barriers import frontiers as fr
@@ -530,7 +529,7 @@ def advance_idle_many(session: Session, ctx: Context, jobs: Sequence[Job]) -> No
     derived = [j for j in jobs if j.kind == DERIVED]
     if not derived:
         return  # nothing to order: spare the topology version's read
-    order = {name: i for i, name in enumerate(nx.topological_sort(ctx.graph.get(session)))}
+    order = ctx.graph.order(session)
     for job in sorted(derived, key=lambda j: -order.get(job_node(j.name), 0)):
         advance_idle(session, ctx, job)
 

@@ -611,7 +611,7 @@ def _lock_jobs(
     jobs: dict[str, Job] = {}
     for name in writers + [revision_job_name(w, revision_id) for w in writers]:
         jobs[name] = topo.require_job(session, name, field="revision_id")
-    order = {n: i for i, n in enumerate(nx.topological_sort(ctx.graph.get(session)))}
+    order = ctx.graph.order(session)
     for name in sorted(jobs, key=lambda n: -order.get(job_node(n), 0)):
         jobs[name] = barrier_repo.lock_job(session, jobs[name].id)
     originals = {w: jobs[w] for w in writers}

@@ -440,3 +440,19 @@ def test_names_with_nul_character_give_4xx_not_500(client, db_url):
     assert not failures
     assert db_state(db_url) == before
     assert db_state(db_url) == before
+
+
+def test_the_topological_order_is_kept_until_the_topology_changes(client):
+    """Jobs advanced together are locked downstream first, by a topological order that
+    is computed once per topology version (not per request) and never stale."""
+    put_job(client, "src", ["ods.orders"])
+    put_job(client, "enrich", ["dw.detail"], inputs=["ods.orders"])
+    services = client.app.state.services
+    first = services.db.read(services.ctx.graph.order)
+    assert first["job:src"] < first["table:ods.orders"] < first["job:enrich"]
+    assert services.db.read(services.ctx.graph.order) is first, "sorted again, unchanged"
+
+    put_job(client, "rollup", ["dws.totals"], inputs=["dw.detail"])
+    after = services.db.read(services.ctx.graph.order)
+    assert after is not first
+    assert after["job:enrich"] < after["table:dw.detail"] < after["job:rollup"]
