@@ -1,0 +1,259 @@
+"""Following a table with second-level latency: :class:`LogReader`.
+
+The reader holds one position: the newest committed snapshot (and its batch) it has
+delivered in full, plus, while it follows the log, the log's ``(epoch, seq)``. Each
+:meth:`LogReader.poll` returns the rows that are new since the last one:
+
+- **From the log** while it is close behind: the entries after its seq.
+- **From the table's snapshots** when the log no longer holds its position (410), when
+  the log was reset by a restarting writer (the epoch changed), or when the log service
+  is down (one warning until it is back): the rows the snapshots after its committed
+  snapshot added. Then it asks the log again from the batch of the newest snapshot it
+  read, and follows the log from there once the log holds everything after it.
+
+Every row of the table is delivered at least once: a switch re-reads from the last
+snapshot it had in full, so rows it got from the log after that come again (duplicates,
+never a gap). Rows carry ``_log_barrier`` and ``_log_batch``; ``_log_seq`` is null for
+rows read from snapshots.
+
+    >>> reader = LogReader("dw.orders", catalog=catalog, log_url=url)   # doctest: +SKIP
+    >>> for rows in reader.follow():                                     # doctest: +SKIP
+    ...     show(rows)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Literal
+
+import pyarrow as pa
+
+from metaservice.logstore import wire
+from metaservice.logstore.client import (
+    LogClient,
+    LogGoneError,
+    LogRead,
+    LogResetError,
+    LogUnavailable,
+)
+from metaservice.logstore.snapshots import rows_after
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
+
+    from metaservice.client import MetaServiceClient
+
+__all__ = ["LogNotEnabled", "LogReader", "log_address"]
+
+log = logging.getLogger(__name__)
+
+Source = Literal["log", "snapshots"]
+
+
+class LogNotEnabled(LookupError):
+    """The table has no log registered with the MetaService."""
+
+
+def log_address(metaservice: MetaServiceClient, table: str) -> str:
+    """The address of the table's log service, as its writer registered it."""
+    view = metaservice.get_table(table)
+    if view.log is None:
+        raise LogNotEnabled(
+            f"table {table} has no log. Enable it in the job that writes it: "
+            'register(..., log="embedded") runs one in its driver; or run '
+            '`metaservice log start --port P` and register(..., log="external", '
+            'log_url="http://host:P")'
+        )
+    return view.log.address
+
+
+class LogReader:
+    """Follows one table: from its log when close behind, else from its snapshots.
+
+    ``start="latest"`` delivers what is committed after the table's current snapshot (and
+    what the log holds past it); ``"earliest"`` delivers the table's current state first.
+    ``load_table`` (default: ``catalog.load_table``) gives the pyiceberg table.
+    """
+
+    def __init__(
+        self,
+        table: str,
+        *,
+        log_url: str | None,
+        catalog: Catalog | None = None,
+        load_table: Callable[[str], Table] | None = None,
+        start: Literal["earliest", "latest"] = "latest",
+        reader_id: str | None = None,
+        max_bytes: int = 64 * 1024 * 1024,
+        retry_log_seconds: float = 2.0,
+        timeout: float = 10.0,
+    ) -> None:
+        if load_table is None:
+            if catalog is None:
+                raise ValueError("give the table's catalog (or load_table)")
+            load_table = catalog.load_table
+        self.table = table
+        self.reader_id = reader_id or f"reader-{uuid.uuid4().hex[:8]}"
+        self._load_table = load_table
+        self._log = LogClient(log_url, timeout=timeout) if log_url else None
+        self._max_bytes = max_bytes
+        self._retry_log_seconds = retry_log_seconds
+        # The position: the newest snapshot (and batch) delivered in full...
+        self.committed_snapshot: int | None = None
+        self.committed_batch: int | None = None
+        # ...and, while following the log, where in it.
+        self.epoch: int | None = None
+        self.seq: int | None = None
+        self.source: Source = "snapshots"
+        self._log_down_since: float | None = None
+        self._retry_log_at = 0.0
+        if start == "latest":
+            self._start_at_current_snapshot()
+
+    @classmethod
+    def from_metaservice(
+        cls, table: str, metaservice: MetaServiceClient, **kwargs: object
+    ) -> LogReader:
+        """A reader of the log the table's writer registered (:class:`LogNotEnabled` when
+        it has none)."""
+        return cls(table, log_url=log_address(metaservice, table), **kwargs)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+
+    # -- following ------------------------------------------------------------------
+    def poll(self) -> pa.Table | None:
+        """The rows that are new since the last poll (None when nothing is)."""
+        if self._log is not None and time.monotonic() >= self._retry_log_at:
+            rows = self._read_log()
+            if self.source == "log":
+                return rows
+        return self._read_snapshots()
+
+    def follow(
+        self, interval: float = 0.2, stop: Callable[[], bool] = lambda: False
+    ) -> Iterator[pa.Table]:
+        """Yield new rows as they come, polling every ``interval`` seconds while idle."""
+        while not stop():
+            rows = self.poll()
+            if rows is not None:
+                yield rows
+            else:
+                time.sleep(interval)
+
+    # -- the log --------------------------------------------------------------------
+    def _read_log(self) -> pa.Table | None:
+        """Rows from the log; leaves :attr:`source` at "snapshots" when they must be read."""
+        assert self._log is not None
+        try:
+            if self.seq is None:
+                answer = self._log.read(
+                    self.table,
+                    after_batch=_batch_or_none(self.committed_batch),
+                    reader=self.reader_id,
+                    max_bytes=self._max_bytes,
+                )
+            else:
+                answer = self._log.read(
+                    self.table,
+                    after_seq=self.seq,
+                    epoch=self.epoch,
+                    reader=self.reader_id,
+                    max_bytes=self._max_bytes,
+                )
+        except (LogGoneError, LogResetError) as exc:
+            log.info("log reader of %s: %s; reading the table's snapshots", self.table, exc.message)
+            self._leave_log()
+            return None
+        except LogUnavailable as exc:
+            self._log_down(exc)
+            return None
+        self._log_up()
+        return self._take(answer)
+
+    def _take(self, answer: LogRead) -> pa.Table | None:
+        if self.source != "log":
+            log.info("log reader of %s follows the log again", self.table)
+        self.source = "log"
+        self.epoch, self.seq = answer.epoch, answer.next_seq
+        newer = answer.committed_batch is not None and (
+            self.committed_batch is None or answer.committed_batch > self.committed_batch
+        )
+        if newer and answer.committed_snapshot is not None:
+            self.committed_batch = answer.committed_batch
+            self.committed_snapshot = answer.committed_snapshot
+        return answer.rows if answer.rows is not None and answer.rows.num_rows else None
+
+    def _leave_log(self) -> None:
+        self.epoch = self.seq = None
+        self.source = "snapshots"
+
+    def _log_down(self, exc: Exception) -> None:
+        if self._log_down_since is None:
+            log.warning(
+                "log service of %s is unreachable; reading the table's snapshots until it is "
+                "back (%s)",
+                self.table,
+                exc,
+            )
+            self._log_down_since = time.monotonic()
+        self._retry_log_at = time.monotonic() + self._retry_log_seconds
+        self._leave_log()
+
+    def _log_up(self) -> None:
+        if self._log_down_since is not None:
+            log.info("log service of %s is reachable again", self.table)
+            self._log_down_since = None
+
+    # -- the snapshots --------------------------------------------------------------
+    def _read_snapshots(self) -> pa.Table | None:
+        """The rows of the snapshots after the committed one; the position moves to the
+        newest, and the next poll asks the log from its batch."""
+        table = self._load_table(self.table)
+        parts = []
+        for part in rows_after(table, self.committed_snapshot):
+            if part.rows.num_rows:
+                barrier, batch = (
+                    (part.stamp.barrier, part.stamp.batch) if part.stamp else (None, None)
+                )
+                parts.append(_with_stamp(part.rows, barrier, batch))
+            self.committed_snapshot = part.snapshot_id
+            if part.stamp is not None:
+                self.committed_batch = part.stamp.batch
+        self.source = "snapshots"
+        if not parts:
+            return None
+        return pa.concat_tables(parts, promote_options="permissive")
+
+    def _start_at_current_snapshot(self) -> None:
+        current = self._load_table(self.table).current_snapshot()
+        if current is None:
+            self.committed_batch = -1  # nothing committed: the log from its first batch
+            return
+        from metaservice.contract import parse_stamp
+
+        stamp = parse_stamp(current.summary)
+        self.committed_snapshot = current.snapshot_id
+        self.committed_batch = stamp.batch if stamp is not None else None
+
+
+def _batch_or_none(batch: int | None) -> int:
+    # A position without a known batch (an unstamped snapshot): from the log's start,
+    # which it answers only if it holds everything (else the snapshots go on).
+    return -1 if batch is None else batch
+
+
+def _with_stamp(rows: pa.Table, barrier: int | None, batch: int | None) -> pa.Table:
+    n = rows.num_rows
+    for name, value in (
+        (wire.BARRIER_COLUMN, barrier),
+        (wire.BATCH_COLUMN, batch),
+        (wire.SEQ_COLUMN, None),
+    ):
+        rows = rows.append_column(name, pa.array([value] * n, pa.int64()))
+    return rows

@@ -1,0 +1,267 @@
+"""The log service over HTTP (Starlette + uvicorn): embedded in a writing Spark driver
+(:class:`LogService` in a background thread) or standalone (``metaservice log start``).
+
+Routes (prefix ``/v1``; errors are JSON ``{"code", "message", "field"}``; bad input gets
+4xx and changes nothing):
+
+======  ==========================================  ============================================
+POST    ``/tables/{table}/entries?barrier&batch_id``  append rows (body: Arrow IPC stream)
+POST    ``/tables/{table}/persisted``                 ``{"barrier","batch_id","snapshot_id"}``
+POST    ``/tables/{table}/reset``                     ``{"after_batch_id"}``: drop past it, new epoch
+GET     ``/tables/{table}/entries``                   ``after_seq&epoch`` or ``after_batch``; rows
+                                                      as Arrow IPC with offset columns; 410
+                                                      ``log_gone``, 409 ``log_reset``
+GET     ``/status[?table=T]``                         each table's offsets, bytes, epoch, readers
+GET     ``/healthz``
+======  ==========================================  ============================================
+
+Usage (embedded)::
+
+    with LogService() as service:          # a free port on loopback
+        writer = LogWriter(service.url)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+from dataclasses import asdict
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import uvicorn
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from metaservice.errors import Invalid, ServiceError
+from metaservice.logstore import wire
+from metaservice.logstore.store import LogStore, TableLog, TableStatus
+from metaservice.names import check_table_name
+
+__all__ = ["LogService", "create_log_app", "serve"]
+
+M = TypeVar("M", bound=BaseModel)
+
+log = logging.getLogger(__name__)
+
+MAX_SIGNED_64 = 2**63 - 1
+MAX_BODY_BYTES = 512 * 1024 * 1024
+
+
+class PersistedBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    barrier: int = Field(ge=0, le=MAX_SIGNED_64)
+    batch_id: int = Field(ge=0, le=MAX_SIGNED_64)
+    snapshot_id: int = Field(ge=-MAX_SIGNED_64 - 1, le=MAX_SIGNED_64)
+
+
+class ResetBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    after_batch_id: int = Field(ge=-1, le=MAX_SIGNED_64, description="-1: nothing committed")
+
+
+def create_log_app(store: LogStore) -> Starlette:
+    """The log service's ASGI application over ``store``."""
+
+    async def append(request: Request) -> Response:
+        table = _table(request)
+        barrier = _int_param(request, "barrier", minimum=0)
+        batch_id = _int_param(request, "batch_id", minimum=0)
+        body = await request.body()
+        if len(body) > MAX_BODY_BYTES:
+            raise Invalid(f"the body is past {MAX_BODY_BYTES} bytes", field="body")
+        try:
+            batches = [b for b in wire.decode(body) if b.num_rows]
+        except ValueError as exc:
+            raise Invalid(str(exc), field="body") from None
+        if barrier is None or batch_id is None:
+            raise Invalid("barrier and batch_id are required", field="barrier")
+        log_ = store.table(table)
+        entries = [log_.append(barrier, batch_id, rows) for rows in batches]
+        return JSONResponse(
+            {
+                "epoch": log_.epoch,
+                "seqs": [e.seq for e in entries],
+                "rows": sum(b.num_rows for b in batches),
+            }
+        )
+
+    async def persisted(request: Request) -> Response:
+        table = _table(request)
+        body = _json_body(await request.body(), PersistedBody)
+        mark = store.table(table).persisted(body.barrier, body.batch_id, body.snapshot_id)
+        return JSONResponse(asdict(mark))
+
+    async def reset(request: Request) -> Response:
+        table = _table(request)
+        body = _json_body(await request.body(), ResetBody)
+        return JSONResponse({"epoch": store.table(table).reset(body.after_batch_id)})
+
+    async def read(request: Request) -> Response:
+        table_log = store.existing(_table(request))
+        result = table_log.read(
+            after_seq=_int_param(request, "after_seq", minimum=0),
+            epoch=_int_param(request, "epoch", minimum=0),
+            after_batch=_int_param(request, "after_batch", minimum=-1),
+            max_bytes=_int_param(request, "max_bytes", minimum=1),
+            reader=request.query_params.get("reader"),
+        )
+        headers = {wire.EPOCH_HEADER: str(result.epoch), wire.NEXT_SEQ_HEADER: str(result.next_seq)}
+        if result.committed is not None:
+            headers[wire.COMMITTED_BATCH_HEADER] = str(result.committed.batch_id)
+            headers[wire.COMMITTED_SNAPSHOT_HEADER] = str(result.committed.snapshot_id)
+        if not result.entries:
+            return Response(b"", headers=headers, media_type=wire.ARROW_STREAM)
+        batches = [wire.with_offsets(e.rows, e.barrier, e.batch_id, e.seq) for e in result.entries]
+        body = wire.encode(batches, batches[0].schema)
+        return Response(body, headers=headers, media_type=wire.ARROW_STREAM)
+
+    async def status(request: Request) -> Response:
+        name = request.query_params.get("table")
+        tables: list[TableLog] = (
+            [store.existing(check_table_name(name))]
+            if name
+            else [store.table(n) for n in store.names()]
+        )
+        return JSONResponse({"tables": [status_json(t.status()) for t in tables]})
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    prefix = wire.API_PREFIX
+    routes = [
+        Route(f"{prefix}/tables/{{table}}/entries", append, methods=["POST"]),
+        Route(f"{prefix}/tables/{{table}}/entries", read, methods=["GET"]),
+        Route(f"{prefix}/tables/{{table}}/persisted", persisted, methods=["POST"]),
+        Route(f"{prefix}/tables/{{table}}/reset", reset, methods=["POST"]),
+        Route(f"{prefix}/status", status, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+    ]
+    return Starlette(
+        routes=routes,
+        exception_handlers={ServiceError: _service_error, HTTPException: _http_error},
+    )
+
+
+def status_json(status: TableStatus) -> dict[str, Any]:
+    """A table's status as the service answers it (and the CLI prints it)."""
+    body = asdict(status)
+    for key in ("first", "last"):
+        offset = body[key]
+        body[key] = (
+            None
+            if offset is None
+            else dict(zip(("barrier", "batch_id", "seq"), offset, strict=True))
+        )
+    return body
+
+
+def _table(request: Request) -> str:
+    return check_table_name(request.path_params["table"])
+
+
+def _int_param(request: Request, name: str, *, minimum: int) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise Invalid(f"{name} must be an integer, not {raw!r}", field=name) from None
+    if not minimum <= value <= MAX_SIGNED_64:
+        raise Invalid(f"{name} must be between {minimum} and {MAX_SIGNED_64}", field=name)
+    return value
+
+
+def _json_body(body: bytes, model: type[M]) -> M:
+    try:
+        return model.model_validate(json.loads(body or b"null"))
+    except json.JSONDecodeError:
+        raise Invalid("the body is not JSON", field="body") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise Invalid(f"{where}: {first['msg']}", field=where) from None
+
+
+async def _service_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ServiceError)
+    return JSONResponse(exc.to_dict(), status_code=exc.status, headers=exc.headers)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return JSONResponse({"code": code, "message": str(exc.detail)}, status_code=exc.status_code)
+
+
+class LogService:
+    """The log service in a background thread of this process (``log="embedded"``).
+
+    ``port=0`` takes a free port; :attr:`url` is the address writers and readers use.
+    ``start()``/``stop()``, or use it as a context manager.
+    """
+
+    def __init__(
+        self, store: LogStore | None = None, *, host: str = "127.0.0.1", port: int = 0
+    ) -> None:
+        self.store = store if store is not None else LogStore()
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind((host, port))
+        self.host, self.port = host, self._socket.getsockname()[1]
+        config = uvicorn.Config(
+            create_log_app(self.store), log_config=None, access_log=False, lifespan="off"
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run,
+            kwargs={"sockets": [self._socket]},
+            name="log-service",
+            daemon=True,
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 20.0) -> Self:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the log service on {self.url} did not start")
+            time.sleep(0.01)
+        log.info("log service listening on %s", self.url)
+        return self
+
+    def stop(self, timeout: float = 20.0) -> None:
+        self._server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(timeout=timeout)
+        self._socket.close()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def serve(store: LogStore, *, host: str, port: int) -> None:
+    """Run the log service in this thread until interrupted (Ctrl-C stops it cleanly)."""
+    uvicorn.run(create_log_app(store), host=host, port=port, log_config=None, access_log=False)

@@ -1,0 +1,410 @@
+"""The log store's memory: per table, the newest rows at offsets (barrier, batch, seq).
+
+Pure Python and pyarrow; the HTTP service (:mod:`metaservice.logstore.server`) and the
+tests drive it directly. One :class:`TableLog` per table, behind one lock per table.
+
+**Offsets.** An entry is one Arrow record batch appended by an executor for micro-batch
+``batch_id`` of barrier ``barrier``. The log gives it ``seq``, a number that grows with
+every append to the table (never reused, not even across a reset), so a reader that
+follows by ``seq`` sees every later append, whatever order the executors' appends of
+one batch arrive in.
+
+**Positions a reader can ask from.**
+
+- ``after_seq`` within one ``epoch``: the next entries of the log the reader follows.
+- ``after_batch``: everything of the batches after a committed batch (a reader that
+  read the table's snapshots up to that batch and switches back to the log). The log
+  can answer only when it holds every entry of every batch after it
+  (``complete_after <= after_batch``), else :class:`LogGone`.
+
+**Retention.** Kept: every entry not yet persisted (its batch is not in a committed
+Iceberg snapshot yet), plus the persisted entries of the last ``keep_barriers``
+persisted barriers. Past ``max_bytes``, the oldest persisted batches go first.
+Unpersisted entries are never dropped, even past ``max_bytes``: refusing them would
+stall the writer (the persisted mark that frees memory comes after the Iceberg commit,
+which comes after the append) or leave readers a hole they could not see. The log keeps
+them and reports ``over_bound`` in its status (and logs one warning per excursion).
+
+**Epoch.** ``reset(after_batch_id)`` (a writer restarting from its last committed
+batch) drops every entry past that batch and bumps the epoch: a reader following the
+old epoch gets :class:`EpochChanged` and re-reads from its last committed snapshot
+(duplicates, never a gap). A new store starts at an epoch taken from the clock, so a
+restarted log service never repeats an epoch its readers knew.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from metaservice.errors import Conflict, Invalid, NotFound, ServiceError
+
+__all__ = [
+    "DEFAULT_KEEP_BARRIERS",
+    "DEFAULT_MAX_BYTES",
+    "EpochChanged",
+    "LogEntry",
+    "LogGone",
+    "LogStore",
+    "PersistedMark",
+    "ReadResult",
+    "TableLog",
+    "TableStatus",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_KEEP_BARRIERS = 2
+DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+READERS_RECENT_S = 60.0  # a reader seen within this long counts as "reading"
+_MARKS_KEPT = 1000  # persisted marks remembered (for readers' committed positions)
+
+
+class LogGone(ServiceError):
+    """The reader's position is older than what the log holds: read the table's snapshots."""
+
+    status = 410
+    code = "log_gone"
+
+
+class EpochChanged(ServiceError):
+    """The log was reset (a writer restarted) since the reader's position was handed out."""
+
+    status = 409
+    code = "log_reset"
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    barrier: int
+    batch_id: int
+    seq: int
+    rows: pa.RecordBatch
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.rows.nbytes)
+
+
+@dataclass(frozen=True)
+class PersistedMark:
+    """Batch ``batch_id`` is in snapshot ``snapshot_id``; every entry of it has a seq
+    below ``through_seq`` (the marks come after the commit, the appends before it)."""
+
+    barrier: int
+    batch_id: int
+    snapshot_id: int
+    through_seq: int
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    entries: list[LogEntry]
+    epoch: int
+    next_seq: int  # the position to ask from next time (after_seq)
+    committed: PersistedMark | None  # the newest batch a reader at next_seq has in full
+
+
+@dataclass(frozen=True)
+class TableStatus:
+    table: str
+    epoch: int
+    entries: int
+    bytes: int
+    first: tuple[int, int, int] | None  # (barrier, batch_id, seq) of the oldest entry
+    last: tuple[int, int, int] | None
+    persisted: PersistedMark | None
+    complete_after: int | None
+    over_bound: bool
+    readers: list[str]
+
+
+@dataclass
+class TableLog:
+    """One table's entries. Thread-safe."""
+
+    name: str
+    keep_barriers: int = DEFAULT_KEEP_BARRIERS
+    max_bytes: int = DEFAULT_MAX_BYTES
+    now: Callable[[], float] = time.time
+    epoch: int = field(default_factory=lambda: time.time_ns() // 1_000_000)
+    _entries: deque[LogEntry] = field(default_factory=deque)
+    _bytes: int = 0
+    _next_seq: int = 1
+    _dropped_through_seq: int = 0  # the newest seq retention dropped
+    _marks: deque[PersistedMark] = field(default_factory=lambda: deque(maxlen=_MARKS_KEPT))
+    # Every entry of every batch after this one is held (None: nothing known yet).
+    complete_after: int | None = None
+    _over_bound: bool = False
+    _readers: dict[str, float] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # -- writing --------------------------------------------------------------------
+    def append(self, barrier: int, batch_id: int, rows: pa.RecordBatch) -> LogEntry:
+        """Hold ``rows`` of batch ``batch_id``; returns the entry with its seq.
+
+        Refused (409, nothing held) when the schema differs from the entries held, and
+        when the batch is already persisted (a straggling task of a committed batch:
+        its rows are in the snapshot already).
+        """
+        with self._lock:
+            if self._entries and rows.schema != self._entries[-1].rows.schema:
+                raise Conflict(
+                    f"table {self.name}: the rows' schema differs from the entries the log "
+                    "holds; a schema change takes a reset of the log (the writer's restart)",
+                    field="body",
+                    code="log_schema_changed",
+                )
+            if self._persisted_through is not None and batch_id <= self._persisted_through:
+                raise Conflict(
+                    f"table {self.name}: batch {batch_id} is already persisted "
+                    f"(through batch {self._persisted_through}); its rows are in the table",
+                    field="batch_id",
+                    code="log_batch_persisted",
+                )
+            if self.complete_after is None:
+                # A store that never saw this table: earlier parts of this batch may have
+                # gone to a previous incarnation, so only the batches after it are whole.
+                self.complete_after = batch_id
+            entry = LogEntry(barrier, batch_id, self._next_seq, rows)
+            self._next_seq += 1
+            self._entries.append(entry)
+            self._bytes += entry.nbytes
+            self._retain()
+            return entry
+
+    def persisted(self, barrier: int, batch_id: int, snapshot_id: int) -> PersistedMark:
+        """Batch ``batch_id`` is committed in snapshot ``snapshot_id`` (idempotent)."""
+        with self._lock:
+            newest = self._marks[-1] if self._marks else None
+            if newest is not None and batch_id <= newest.batch_id:
+                return next((m for m in self._marks if m.batch_id == batch_id), newest)
+            mark = PersistedMark(barrier, batch_id, snapshot_id, self._next_seq)
+            self._marks.append(mark)
+            self._retain()
+            return mark
+
+    def reset(self, after_batch_id: int) -> int:
+        """A writer restarts after its last committed batch: drop what is past it and bump
+        the epoch (returned). Readers of the old epoch re-read from their last snapshot."""
+        with self._lock:
+            kept = deque(e for e in self._entries if e.batch_id <= after_batch_id)
+            self._entries = kept
+            self._bytes = sum(e.nbytes for e in kept)
+            while self._marks and self._marks[-1].batch_id > after_batch_id:
+                self._marks.pop()  # a rollback: those batches are no longer committed
+            if self.complete_after is None or self.complete_after > after_batch_id:
+                # What the writer replays after this point will all come here.
+                self.complete_after = after_batch_id
+            self.epoch += 1
+            self._over_bound = False
+            log.info(
+                "log of %s reset after batch %d: epoch %d", self.name, after_batch_id, self.epoch
+            )
+            return self.epoch
+
+    # -- reading --------------------------------------------------------------------
+    def read(
+        self,
+        *,
+        after_seq: int | None = None,
+        epoch: int | None = None,
+        after_batch: int | None = None,
+        max_bytes: int | None = None,
+        reader: str | None = None,
+    ) -> ReadResult:
+        """The entries after a position: ``after_seq`` in ``epoch``, or ``after_batch``.
+
+        Raises :class:`EpochChanged` when ``epoch`` is not the log's, :class:`LogGone`
+        when the log no longer holds (or never held) everything after the position.
+        ``max_bytes`` caps the answer (at least one entry is returned when any is due).
+        """
+        if (after_seq is None) == (after_batch is None):
+            raise Invalid("give exactly one of after_seq and after_batch", field="after_seq")
+        with self._lock:
+            if reader:
+                self._readers[reader] = self.now()
+            if after_seq is not None:
+                due = self._after_seq(after_seq, epoch)
+            else:
+                assert after_batch is not None
+                due = self._after_batch(after_batch)
+            taken = _cap(due, max_bytes)
+            next_seq = taken[-1].seq if taken else self._position(after_seq)
+            return ReadResult(taken, self.epoch, next_seq, self._committed_at(next_seq))
+
+    def _after_seq(self, after_seq: int, epoch: int | None) -> list[LogEntry]:
+        if epoch is None:
+            raise Invalid("after_seq needs the epoch it was handed out in", field="epoch")
+        if epoch != self.epoch:
+            raise EpochChanged(
+                f"the log of {self.name} was reset (epoch {epoch} -> {self.epoch}): re-read "
+                "from your last committed snapshot",
+                field="epoch",
+            )
+        if after_seq >= self._next_seq:
+            raise Invalid(
+                f"after_seq {after_seq} is past the log's end ({self._next_seq - 1})",
+                field="after_seq",
+            )
+        if after_seq < self._dropped_through_seq:
+            raise LogGone(
+                f"the log of {self.name} no longer holds the entries after seq {after_seq} "
+                f"(it dropped them through seq {self._dropped_through_seq}): read the "
+                "table's snapshots",
+                field="after_seq",
+            )
+        return [e for e in self._entries if e.seq > after_seq]
+
+    def _after_batch(self, after_batch: int) -> list[LogEntry]:
+        if self.complete_after is None or after_batch < self.complete_after:
+            held = (
+                "nothing yet"
+                if self.complete_after is None
+                else (f"the batches after {self.complete_after}")
+            )
+            raise LogGone(
+                f"the log of {self.name} does not hold every batch after {after_batch} "
+                f"(it holds {held}): read the table's snapshots",
+                field="after_batch",
+            )
+        return [e for e in self._entries if e.batch_id > after_batch]
+
+    def _position(self, after_seq: int | None) -> int:
+        # Nothing due: a seq reader stays put, a batch reader starts at the log's end.
+        return after_seq if after_seq is not None else self._next_seq - 1
+
+    def _committed_at(self, seq: int) -> PersistedMark | None:
+        for mark in reversed(self._marks):
+            if mark.through_seq <= seq + 1:
+                return mark
+        return None
+
+    # -- retention ------------------------------------------------------------------
+    @property
+    def _persisted_through(self) -> int | None:
+        return self._marks[-1].batch_id if self._marks else None
+
+    def _retain(self) -> None:
+        """Drop persisted entries past the barrier count, then past the byte bound."""
+        through = self._persisted_through
+        if through is None:
+            return
+        kept_barriers = sorted({m.barrier for m in self._marks})[-self.keep_barriers :]
+        oldest_kept = kept_barriers[0] if kept_barriers and self.keep_barriers > 0 else None
+        while self._entries and self._entries[0].batch_id <= through:
+            head = self._entries[0]
+            too_old = oldest_kept is None or head.barrier < oldest_kept
+            if not too_old and self._bytes <= self.max_bytes:
+                break
+            self._drop_batch(head.batch_id)
+        self._check_bound()
+
+    def _drop_batch(self, batch_id: int) -> None:
+        """Drop every entry of a persisted batch: the log holds a batch whole or not at all."""
+        gone = [e for e in self._entries if e.batch_id == batch_id]
+        self._entries = deque(e for e in self._entries if e.batch_id != batch_id)
+        self._bytes -= sum(e.nbytes for e in gone)
+        self._dropped_through_seq = max(self._dropped_through_seq, *(e.seq for e in gone))
+        self.complete_after = max(self.complete_after or batch_id, batch_id)
+
+    def _check_bound(self) -> None:
+        over = self._bytes > self.max_bytes
+        if over and not self._over_bound:
+            log.warning(
+                "log of %s holds %d bytes of rows not yet persisted, past its bound of %d: "
+                "kept (they are in no snapshot yet); the writer's commits free them",
+                self.name,
+                self._bytes,
+                self.max_bytes,
+            )
+        self._over_bound = over
+
+    # -- status ---------------------------------------------------------------------
+    def status(self) -> TableStatus:
+        with self._lock:
+            since = self.now() - READERS_RECENT_S
+            first = self._entries[0] if self._entries else None
+            last = self._entries[-1] if self._entries else None
+            return TableStatus(
+                table=self.name,
+                epoch=self.epoch,
+                entries=len(self._entries),
+                bytes=self._bytes,
+                first=_offset(first),
+                last=_offset(last),
+                persisted=self._marks[-1] if self._marks else None,
+                complete_after=self.complete_after,
+                over_bound=self._over_bound,
+                readers=sorted(r for r, seen in self._readers.items() if seen >= since),
+            )
+
+
+def _offset(entry: LogEntry | None) -> tuple[int, int, int] | None:
+    return None if entry is None else (entry.barrier, entry.batch_id, entry.seq)
+
+
+def _cap(entries: list[LogEntry], max_bytes: int | None) -> list[LogEntry]:
+    if max_bytes is None:
+        return entries
+    taken: list[LogEntry] = []
+    size = 0
+    for entry in entries:
+        if taken and size + entry.nbytes > max_bytes:
+            break
+        taken.append(entry)
+        size += entry.nbytes
+    return taken
+
+
+class LogStore:
+    """Every table's log in one process, created on first append."""
+
+    def __init__(
+        self,
+        *,
+        keep_barriers: int = DEFAULT_KEEP_BARRIERS,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        now: Callable[[], float] = time.time,
+    ) -> None:
+        if keep_barriers < 0:
+            raise ValueError("keep_barriers must be >= 0")
+        if max_bytes < 0:
+            raise ValueError("max_bytes must be >= 0")
+        self.keep_barriers = keep_barriers
+        self.max_bytes = max_bytes
+        self._now = now
+        self._tables: dict[str, TableLog] = {}
+        self._lock = threading.Lock()
+
+    def table(self, name: str) -> TableLog:
+        """The table's log, created empty when the store has none yet (writers' calls)."""
+        with self._lock:
+            found = self._tables.get(name)
+            if found is None:
+                found = TableLog(name, self.keep_barriers, self.max_bytes, self._now)
+                self._tables[name] = found
+            return found
+
+    def existing(self, name: str) -> TableLog:
+        """The table's log; 404 when nothing was ever written to it here (readers' calls)."""
+        with self._lock:
+            found = self._tables.get(name)
+        if found is None:
+            raise NotFound(
+                f"this log service holds no log of table {name}: its writer has not "
+                "appended or reset here",
+                field="table",
+                code="log_table_unknown",
+            )
+        return found
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._tables)
