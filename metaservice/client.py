@@ -198,6 +198,16 @@ class MetaServiceClient:
     def all_tables(self) -> list[TableView]:
         return _all_pages(lambda off: self.list_tables(limit=500, offset=off))
 
+    def put_table_log(self, table: str, *, mode: str, address: str) -> TableView:
+        """Publish the table's log store: ``mode`` "embedded" or "external", and the
+        address of its log service (its writer calls this when the log starts)."""
+        body = {"mode": mode, "address": address}
+        return TableView.model_validate(self._request("PUT", f"/tables/{table}/log", json=body))
+
+    def delete_table_log(self, table: str) -> TableView:
+        """The table has no log any more."""
+        return TableView.model_validate(self._request("DELETE", f"/tables/{table}/log"))
+
     def table_snapshots(
         self,
         name: str,

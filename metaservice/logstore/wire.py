@@ -24,7 +24,6 @@ COMMITTED_BATCH_HEADER = "X-Log-Committed-Batch"
 COMMITTED_SNAPSHOT_HEADER = "X-Log-Committed-Snapshot"
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
-LOG_MODES = ("embedded", "external")
 
 
 def encode(batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> bytes:

@@ -49,7 +49,10 @@ class Table(Base):
 
     ``expiry_horizon``: the barrier below which snapshots may have been expired (an
     expiry was allowed up to the table's snapshot at it); no version or lease is
-    handed out on a snapshot older than that."""
+    handed out on a snapshot older than that.
+
+    ``log_mode`` and ``log_address``: the table's log store ("embedded" in its writing
+    driver, or "external"), as its writer published it; None when it has none."""
 
     __tablename__ = "tables"
 
@@ -60,6 +63,9 @@ class Table(Base):
     )
     created_ms: Mapped[int] = mapped_column(BigInteger)
     expiry_horizon: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    log_mode: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    log_address: Mapped[str | None] = mapped_column(String(400), nullable=True)
+    log_updated_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class JobInput(Base):

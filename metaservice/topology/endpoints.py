@@ -8,7 +8,14 @@ from metaservice.deps import Paging, Services, paging, require, services
 from metaservice.names import JOB_PATTERN
 from metaservice.schemas_common import Page, error_responses
 from metaservice.topology import service
-from metaservice.topology.schemas import JobEvent, JobSpec, JobView, SnapshotView, TableView
+from metaservice.topology.schemas import (
+    JobEvent,
+    JobSpec,
+    JobView,
+    SnapshotView,
+    TableLogSpec,
+    TableView,
+)
 
 router = APIRouter(tags=["topology"], dependencies=[require(Role.READER)])
 JobName = Path(description="Job name", pattern=JOB_PATTERN)
@@ -75,6 +82,29 @@ def list_tables(page: Paging = Depends(paging), s: Services = Depends(services))
 @router.get("/tables/{table}", response_model=TableView, responses=error_responses(404))
 def get_table(table: str, s: Services = Depends(services)) -> TableView:
     return s.db.read(lambda session: service.get_table(session, s.ctx, table))
+
+
+@router.put(
+    "/tables/{table}/log",
+    response_model=TableView,
+    responses=error_responses(400, 404, 413),
+    dependencies=[require(Role.WRITER)],
+)
+def put_table_log(table: str, spec: TableLogSpec, s: Services = Depends(services)) -> TableView:
+    """Publish the table's log store: its mode ('embedded' in the writing driver, or
+    'external') and its service's address. Readers find the log here."""
+    return s.db.write(lambda session: service.put_table_log(session, s.ctx, table, spec))
+
+
+@router.delete(
+    "/tables/{table}/log",
+    response_model=TableView,
+    responses=error_responses(404),
+    dependencies=[require(Role.WRITER)],
+)
+def delete_table_log(table: str, s: Services = Depends(services)) -> TableView:
+    """The table has no log any more."""
+    return s.db.write(lambda session: service.delete_table_log(session, s.ctx, table))
 
 
 @router.get(

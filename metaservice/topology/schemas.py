@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 NO_NUL = r"^[^\x00]*$"  # PostgreSQL text cannot hold NUL characters
@@ -35,6 +37,26 @@ class JobView(BaseModel):
     )
 
 
+LogMode = Literal["embedded", "external"]
+LOG_ADDRESS = r"^https?://[^\s/?#]+(/[^\s?#]*)?$"
+
+
+class TableLogSpec(BaseModel):
+    """The body of ``PUT /tables/{table}/log``: where the table's log service runs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: LogMode = Field(
+        description="'embedded': run by the writing Spark driver; 'external': a standalone "
+        "`metaservice log start`"
+    )
+    address: str = Field(max_length=400, pattern=LOG_ADDRESS, examples=["http://10.0.0.5:7070"])
+
+
+class TableLogView(TableLogSpec):
+    updated_ms: int = Field(description="When the writer last published it")
+
+
 class TableView(BaseModel):
     name: str
     writer: str | None
@@ -48,6 +70,9 @@ class TableView(BaseModel):
     delay_ms: int | None = Field(
         description="now - frontier; None when the frontier is None (no data yet, not the "
         "age of the epoch)"
+    )
+    log: TableLogView | None = Field(
+        None, description="The table's log store, as its writer published it; None: no log"
     )
 
 

@@ -17,7 +17,15 @@ from metaservice.names import check_job_name, check_table_name
 from metaservice.schemas_common import Page
 from metaservice.topology import repository as repo
 from metaservice.topology.graph import job_node, table_node, topology_version
-from metaservice.topology.schemas import JobEvent, JobSpec, JobView, SnapshotView, TableView
+from metaservice.topology.schemas import (
+    JobEvent,
+    JobSpec,
+    JobView,
+    SnapshotView,
+    TableLogSpec,
+    TableLogView,
+    TableView,
+)
 
 
 def put_job(session: Session, ctx: Context, name: str, spec: JobSpec) -> tuple[JobView, bool]:
@@ -255,9 +263,20 @@ def table_views(session: Session, ctx: Context, tables: list[Table]) -> list[Tab
                 latest_snapshot=latest.snapshot_id if latest else None,
                 latest_barrier=latest.barrier if latest else None,
                 delay_ms=now - frontier if frontier is not None else None,
+                log=_log_view(t),
             )
         )
     return views
+
+
+def _log_view(table: Table) -> TableLogView | None:
+    if table.log_mode is None or table.log_address is None or table.log_updated_ms is None:
+        return None
+    return TableLogView(
+        mode=table.log_mode,
+        address=table.log_address,
+        updated_ms=table.log_updated_ms,
+    )
 
 
 def list_tables(session: Session, ctx: Context, limit: int, offset: int) -> Page[TableView]:
@@ -270,6 +289,23 @@ def list_tables(session: Session, ctx: Context, limit: int, offset: int) -> Page
 
 def get_table(session: Session, ctx: Context, name: str) -> TableView:
     return table_views(session, ctx, [repo.require_table(session, name)])[0]
+
+
+def put_table_log(session: Session, ctx: Context, name: str, spec: TableLogSpec) -> TableView:
+    """Publish where the table's log service runs (its writer, on start)."""
+    table = repo.require_table(session, name)
+    table.log_mode, table.log_address = spec.mode, spec.address
+    table.log_updated_ms = ctx.now_ms()
+    session.flush()
+    return get_table(session, ctx, name)
+
+
+def delete_table_log(session: Session, ctx: Context, name: str) -> TableView:
+    """The table has no log any more (its writer stopped its embedded one, say)."""
+    table = repo.require_table(session, name)
+    table.log_mode = table.log_address = table.log_updated_ms = None
+    session.flush()
+    return get_table(session, ctx, name)
 
 
 def table_snapshots(

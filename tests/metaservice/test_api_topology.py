@@ -319,6 +319,7 @@ def test_get_table_shows_writer_frontier_latest_snapshot_and_delay(client, clock
         "latest_snapshot": 11,
         "latest_barrier": T0,
         "delay_ms": 1500,
+        "log": None,
     }
 
 
