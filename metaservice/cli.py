@@ -2,7 +2,7 @@
 
 The query commands (``tables``, ``topology``, ``snapshots``, ``lineage``, ``consistent``,
 ``delay``, ``expirable``, ``job``, ``batch``, ``lease``, ``expire``, ``tag``, ``tags``,
-``untag``, ``revision``) talk to a running MetaService through the client and need the base
+``untag``, ``revision``, ``log status``) talk to a running MetaService through the client and need the base
 install only; each prints a table or, with ``--output json``, the API's answer
 (:mod:`metaservice.cli_output` holds what they share). The commands that run
 the server's code (``start``, ``db``, ``token``, ``reconcile``) import it inside the
@@ -43,6 +43,7 @@ from metaservice.client import MetaServiceClient, MetaServiceError
 from metaservice.lifecycle.cli import ExpireEveryOption
 from metaservice.lifecycle.cli import expire as expire_command
 from metaservice.lineage.schemas import SnapshotLineage
+from metaservice.logstore import cli as log_cli
 from metaservice.reconcile.schemas import ReconcileReport
 from metaservice.revisions import cli as revisions_cli
 from metaservice.versions.schemas import ConsistentVersion
@@ -948,6 +949,7 @@ app.command("tag")(tags_cli.tag)
 app.command("tags")(tags_cli.tags)
 app.command("untag")(tags_cli.untag)
 app.add_typer(revisions_cli.app, name="revision")
+app.add_typer(log_cli.app, name="log")
 
 if __name__ == "__main__":
     app()

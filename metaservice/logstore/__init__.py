@@ -11,20 +11,27 @@ barrier commits (see docs/user-guide.md, "Log store").
 - :mod:`~metaservice.logstore.reader`: :class:`LogReader`, which falls back to the
   table's Iceberg snapshots (pyiceberg) when the log cannot serve it.
 
-Importing this package loads the client side only (httpx, pyarrow): no pyspark, no
-server.
+Importing this package loads nothing: each name below is imported on first use, so
+``metaservice log status`` (which needs only httpx) runs on the base install. None of
+it imports pyspark; only the server module imports the server's dependencies.
 """
 
-from metaservice.logstore.client import (
-    LogApiError,
-    LogClient,
-    LogError,
-    LogGoneError,
-    LogResetError,
-    LogUnavailable,
-    LogWriter,
-)
-from metaservice.logstore.reader import LogNotEnabled, LogReader, log_address
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from metaservice.logstore.client import (
+        LogApiError,
+        LogClient,
+        LogError,
+        LogGoneError,
+        LogResetError,
+        LogUnavailable,
+        LogWriter,
+    )
+    from metaservice.logstore.reader import LogNotEnabled, LogReader, log_address
 
 __all__ = [
     "LogApiError",
@@ -38,3 +45,12 @@ __all__ = [
     "LogWriter",
     "log_address",
 ]
+
+_READER = frozenset({"LogNotEnabled", "LogReader", "log_address"})
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = "reader" if name in _READER else "client"
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
-import pyarrow as pa
 
 from metaservice.logstore import wire
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = [
     "LogApiError",
@@ -149,10 +151,14 @@ class LogWriter(_Http):
     ) -> list[int]:
         """Append the rows of one micro-batch (from an executor, before the commit); returns
         the seqs the log gave them (one per record batch; [] when there were no rows)."""
+        import pyarrow as pa  # here: `log status` runs on the base install, without pyarrow
+
+        from metaservice.logstore import ipc
+
         batches = rows.to_batches() if isinstance(rows, pa.Table) else [rows]
         if not any(b.num_rows for b in batches):
             return []
-        body = wire.encode(batches, rows.schema)
+        body = ipc.encode(batches, rows.schema)
         response = self._send(
             "POST",
             f"/tables/{table}/entries",
@@ -201,9 +207,11 @@ class LogClient(_Http):
             f"/tables/{table}/entries",
             params={k: v for k, v in params.items() if v is not None},
         )
+        from metaservice.logstore import ipc
+
         headers = response.headers
         return LogRead(
-            rows=wire.as_table(response.content),
+            rows=ipc.as_table(response.content),
             epoch=int(headers[wire.EPOCH_HEADER]),
             next_seq=int(headers[wire.NEXT_SEQ_HEADER]),
             committed_batch=_optional_int(headers.get(wire.COMMITTED_BATCH_HEADER)),

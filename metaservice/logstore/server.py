@@ -41,7 +41,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from metaservice.errors import Invalid, ServiceError
-from metaservice.logstore import wire
+from metaservice.logstore import ipc, wire
 from metaservice.logstore.store import LogStore, TableLog, TableStatus
 from metaservice.names import check_table_name
 
@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 
 MAX_SIGNED_64 = 2**63 - 1
 MAX_BODY_BYTES = 512 * 1024 * 1024
+# The MetaService's code for a request its schema refuses ("invalid": one that breaks a rule).
+MALFORMED = "invalid_request"
 
 
 class PersistedBody(BaseModel):
@@ -80,9 +82,9 @@ def create_log_app(store: LogStore) -> Starlette:
         if len(body) > MAX_BODY_BYTES:
             raise Invalid(f"the body is past {MAX_BODY_BYTES} bytes", field="body")
         try:
-            batches = [b for b in wire.decode(body) if b.num_rows]
+            batches = [b for b in ipc.decode(body) if b.num_rows]
         except ValueError as exc:
-            raise Invalid(str(exc), field="body") from None
+            raise Invalid(str(exc), field="body", code=MALFORMED) from None
         if barrier is None or batch_id is None:
             raise Invalid("barrier and batch_id are required", field="barrier")
         log_ = store.table(table)
@@ -121,8 +123,8 @@ def create_log_app(store: LogStore) -> Starlette:
             headers[wire.COMMITTED_SNAPSHOT_HEADER] = str(result.committed.snapshot_id)
         if not result.entries:
             return Response(b"", headers=headers, media_type=wire.ARROW_STREAM)
-        batches = [wire.with_offsets(e.rows, e.barrier, e.batch_id, e.seq) for e in result.entries]
-        body = wire.encode(batches, batches[0].schema)
+        batches = [ipc.with_offsets(e.rows, e.barrier, e.batch_id, e.seq) for e in result.entries]
+        body = ipc.encode(batches, batches[0].schema)
         return Response(body, headers=headers, media_type=wire.ARROW_STREAM)
 
     async def status(request: Request) -> Response:
@@ -176,9 +178,13 @@ def _int_param(request: Request, name: str, *, minimum: int) -> int | None:
     try:
         value = int(raw)
     except ValueError:
-        raise Invalid(f"{name} must be an integer, not {raw!r}", field=name) from None
+        raise Invalid(
+            f"{name} must be an integer, not {raw!r}", field=name, code=MALFORMED
+        ) from None
     if not minimum <= value <= MAX_SIGNED_64:
-        raise Invalid(f"{name} must be between {minimum} and {MAX_SIGNED_64}", field=name)
+        raise Invalid(
+            f"{name} must be between {minimum} and {MAX_SIGNED_64}", field=name, code=MALFORMED
+        )
     return value
 
 
@@ -186,11 +192,11 @@ def _json_body(body: bytes, model: type[M]) -> M:
     try:
         return model.model_validate(json.loads(body or b"null"))
     except json.JSONDecodeError:
-        raise Invalid("the body is not JSON", field="body") from None
+        raise Invalid("the body is not JSON", field="body", code=MALFORMED) from None
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
-        raise Invalid(f"{where}: {first['msg']}", field=where) from None
+        raise Invalid(f"{where}: {first['msg']}", field=where, code=MALFORMED) from None
 
 
 async def _service_error(request: Request, exc: Exception) -> Response:

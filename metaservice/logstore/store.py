@@ -40,10 +40,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-
-import pyarrow as pa
+from typing import TYPE_CHECKING
 
 from metaservice.errors import Conflict, Invalid, NotFound, ServiceError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = [
     "DEFAULT_KEEP_BARRIERS",
@@ -294,8 +296,11 @@ class TableLog:
     def _retain(self) -> None:
         """Drop persisted entries past the barrier count, then past the byte bound."""
         through = self._persisted_through
-        if through is None:
-            return
+        if through is not None:
+            self._drop_persisted(through)
+        self._check_bound()
+
+    def _drop_persisted(self, through: int) -> None:
         kept_barriers = sorted({m.barrier for m in self._marks})[-self.keep_barriers :]
         oldest_kept = kept_barriers[0] if kept_barriers and self.keep_barriers > 0 else None
         while self._entries and self._entries[0].batch_id <= through:
@@ -304,7 +309,6 @@ class TableLog:
             if not too_old and self._bytes <= self.max_bytes:
                 break
             self._drop_batch(head.batch_id)
-        self._check_bound()
 
     def _drop_batch(self, batch_id: int) -> None:
         """Drop every entry of a persisted batch: the log holds a batch whole or not at all."""

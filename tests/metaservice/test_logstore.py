@@ -1,0 +1,587 @@
+"""The log store (no Spark): the in-memory log's retention, epochs and positions; the log
+service over real HTTP on loopback; LogReader following a real Iceberg table (pyiceberg)
+from the log and from its snapshots; a table's log registered with the MetaService.
+
+The writer here is what the Spark side will do per micro-batch: append the rows to the
+log (in two parts, as two executors would), commit them to Iceberg stamped with the
+batch's barrier, then mark the batch persisted.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import socket
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+pytest.importorskip("pyiceberg")
+
+import pyarrow as pa
+from fastapi.testclient import TestClient
+from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
+
+from metaservice.app import create_app
+from metaservice.client import MetaServiceClient
+from metaservice.clock import ManualClock
+from metaservice.contract import encode_stamp
+from metaservice.errors import Conflict, Invalid
+from metaservice.logstore import LogClient, LogNotEnabled, LogReader, LogWriter
+from metaservice.logstore.client import LogGoneError, LogResetError
+from metaservice.logstore.ipc import encode
+from metaservice.logstore.server import LogService
+from metaservice.logstore.store import EpochChanged, LogGone, LogStore, TableLog
+from metaservice.settings import Settings
+from spark_barrier.iceberg.catalog import ensure_table, open_catalog
+from tests.metaservice.helpers import API, T0, assert_error, put_job, unchanged
+from tests.metaservice.live_server import LiveServer
+
+TABLE = "dw.events"
+SCHEMA = pa.schema([pa.field("id", pa.int64())])
+
+
+OTHER_SCHEMA_ROWS = pa.RecordBatch.from_pydict({"name": ["x"]})
+
+
+def rows(*ids: int) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict({"id": list(ids)}, schema=SCHEMA)
+
+
+def barrier_of(batch_id: int) -> int:
+    return T0 + batch_id * 1000  # one batch per barrier unless a test says otherwise
+
+
+def ids_of(table: pa.Table | None) -> list[int]:
+    return [] if table is None else table.column("id").to_pylist()
+
+
+# -- the in-memory log ----------------------------------------------------------------------
+
+
+def test_unpersisted_entries_are_kept_and_only_the_last_two_persisted_barriers() -> None:
+    log = TableLog(TABLE)
+    for batch in range(5):
+        log.append(barrier_of(batch), batch, rows(batch))
+    for batch in range(4):  # batch 4 stays unpersisted
+        log.persisted(barrier_of(batch), batch, snapshot_id=100 + batch)
+    held = log.read(after_batch=2)
+    status = log.status()
+    assert [e.batch_id for e in held.entries] == [3, 4]
+    # the last two persisted barriers (batches 2 and 3) and the unpersisted batch 4
+    assert status.entries == 3 and status.first == (barrier_of(2), 2, 3)
+    with pytest.raises(LogGone):
+        log.read(after_batch=0)  # batch 1 is gone
+    assert [e.batch_id for e in log.read(after_batch=1).entries] == [2, 3, 4]
+    with pytest.raises(LogGone):
+        log.read(after_seq=1, epoch=log.epoch)
+
+
+def test_the_number_of_persisted_barriers_kept_is_configurable_and_counts_barriers() -> None:
+    log = TableLog(TABLE, keep_barriers=1)
+    # batches 0 and 1 share a barrier; batch 2 has the next one
+    for batch, barrier in ((0, T0), (1, T0), (2, T0 + 1000)):
+        log.append(barrier, batch, rows(batch))
+    log.persisted(T0, 1, snapshot_id=11)
+    assert log.status().entries == 3  # one persisted barrier: both its batches kept
+    log.persisted(T0 + 1000, 2, snapshot_id=12)
+    assert log.status().first == (T0 + 1000, 2, 3)
+
+
+def test_past_the_byte_bound_the_oldest_persisted_batches_go_first() -> None:
+    one = rows(*range(100)).nbytes
+    log = TableLog(TABLE, keep_barriers=10, max_bytes=3 * one)
+    for batch in range(3):
+        log.append(barrier_of(batch), batch, rows(*range(100)))
+    log.persisted(barrier_of(1), 1, snapshot_id=1)
+    log.append(barrier_of(3), 3, rows(*range(100)))  # 4 entries: one over the bound
+    status = log.status()
+    assert (status.entries, status.bytes, status.first) == (3, 3 * one, (barrier_of(1), 1, 2))
+    assert not status.over_bound
+
+
+def test_unpersisted_rows_past_the_byte_bound_are_kept_and_reported_with_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    one = rows(*range(100)).nbytes
+    log = TableLog(TABLE, max_bytes=one)
+    with caplog.at_level(logging.WARNING, logger="metaservice.logstore.store"):
+        for part in range(3):
+            log.append(barrier_of(0), 0, rows(*range(100)))
+            assert log.status().entries == part + 1  # never dropped: in no snapshot yet
+    assert log.status().over_bound and log.status().bytes == 3 * one
+    assert len([r for r in caplog.records if "past its bound" in r.message]) == 1
+    log.persisted(barrier_of(0), 0, snapshot_id=5)
+    log.append(barrier_of(1), 1, rows(1))  # batch 0 is in a snapshot now: it may go
+    assert not log.status().over_bound and log.status().first == (barrier_of(1), 1, 4)
+
+
+def test_reset_drops_past_the_committed_batch_and_changes_the_epoch() -> None:
+    log = TableLog(TABLE)
+    for batch in range(3):
+        log.append(barrier_of(batch), batch, rows(batch))
+    log.persisted(barrier_of(0), 0, snapshot_id=10)
+    old = log.read(after_seq=0, epoch=log.epoch)
+    new_epoch = log.reset(after_batch_id=0)
+    assert new_epoch == old.epoch + 1
+    assert [e.batch_id for e in log.read(after_batch=0).entries] == []
+    with pytest.raises(EpochChanged):
+        log.read(after_seq=old.next_seq, epoch=old.epoch)
+    replayed = log.append(barrier_of(1), 1, rows(1))
+    assert replayed.seq == 4  # seqs are never reused
+    assert [e.batch_id for e in log.read(after_batch=0).entries] == [1]
+
+
+def test_a_new_log_holds_the_batches_after_the_first_it_sees_or_after_its_reset() -> None:
+    fresh = TableLog(TABLE)
+    with pytest.raises(LogGone):
+        fresh.read(after_batch=-1)  # knows nothing yet
+    fresh.append(barrier_of(7), 7, rows(7))  # earlier parts of batch 7 may be lost
+    with pytest.raises(LogGone):
+        fresh.read(after_batch=6)
+    assert fresh.read(after_batch=7).entries == []
+    restarted = TableLog(TABLE)
+    restarted.reset(after_batch_id=6)  # the writer says: everything after 6 comes here
+    restarted.append(barrier_of(7), 7, rows(7))
+    assert [e.batch_id for e in restarted.read(after_batch=6).entries] == [7]
+
+
+def test_appends_of_a_persisted_batch_or_another_schema_are_refused() -> None:
+    log = TableLog(TABLE)
+    log.append(barrier_of(0), 0, rows(0))
+    log.persisted(barrier_of(0), 0, snapshot_id=1)
+    with pytest.raises(Conflict, match="already persisted"):
+        log.append(barrier_of(0), 0, rows(0))
+    other = pa.RecordBatch.from_pydict({"name": ["x"]})
+    with pytest.raises(Conflict, match="schema"):
+        log.append(barrier_of(1), 1, other)
+    assert log.status().entries == 1
+
+
+def test_a_read_is_capped_in_bytes_but_returns_at_least_one_entry() -> None:
+    log = TableLog(TABLE)
+    for batch in range(3):
+        log.append(barrier_of(batch), batch, rows(batch))
+    first = log.read(after_seq=0, epoch=log.epoch, max_bytes=1)
+    assert [e.seq for e in first.entries] == [1] and first.next_seq == 1
+    with pytest.raises(Invalid):
+        log.read(after_seq=0)  # a seq means nothing without its epoch
+    with pytest.raises(Invalid):
+        log.read(after_seq=9, epoch=log.epoch)  # past the end
+
+
+# -- the service over HTTP --------------------------------------------------------------------
+
+
+@pytest.fixture
+def service() -> Iterator[LogService]:
+    with LogService(LogStore()) as running:
+        yield running
+
+
+def test_writer_and_client_over_http_with_offsets_and_committed_position(
+    service: LogService,
+) -> None:
+    writer = pickle.loads(pickle.dumps(LogWriter(service.url)))  # as shipped to an executor
+    epoch = writer.reset(TABLE, after_batch_id=-1)
+    assert writer.append(TABLE, barrier=barrier_of(0), batch_id=0, rows=rows(1, 2)) == [1]
+    assert writer.append(TABLE, barrier=barrier_of(0), batch_id=0, rows=pa.table({"id": [3]})) == [
+        2
+    ]
+    with LogClient(service.url) as client:
+        read = client.read(TABLE, after_batch=-1, reader="dash")
+        assert read.epoch == epoch and read.next_seq == 2 and read.committed_batch is None
+        assert read.rows is not None
+        assert read.rows.to_pydict() == {
+            "id": [1, 2, 3],
+            "_log_barrier": [barrier_of(0)] * 3,
+            "_log_batch": [0, 0, 0],
+            "_log_seq": [1, 1, 2],
+        }
+        writer.persisted(TABLE, barrier=barrier_of(0), batch_id=0, snapshot_id=77)
+        after = client.read(TABLE, after_seq=read.next_seq, epoch=epoch)
+        assert after.rows is None and (after.committed_batch, after.committed_snapshot) == (0, 77)
+        (status,) = client.status(TABLE)
+    assert status["entries"] == 2 and status["readers"] == ["dash"]
+    assert status["persisted"]["snapshot_id"] == 77
+    writer.close()
+
+
+def test_a_stale_position_is_410_gone_and_an_old_epoch_409_log_reset(service: LogService) -> None:
+    service.store.keep_barriers = 0
+    writer = LogWriter(service.url)
+    writer.reset(TABLE, after_batch_id=-1)
+    writer.append(TABLE, barrier=barrier_of(0), batch_id=0, rows=rows(1))
+    with LogClient(service.url) as client:
+        first = client.read(TABLE, after_seq=0, epoch=client.status(TABLE)[0]["epoch"])
+        writer.append(TABLE, barrier=barrier_of(1), batch_id=1, rows=rows(2))
+        writer.persisted(TABLE, barrier=barrier_of(1), batch_id=1, snapshot_id=5)  # both go
+        with pytest.raises(LogGoneError) as gone:
+            client.read(TABLE, after_seq=0, epoch=first.epoch)
+        assert (gone.value.status, gone.value.code) == (410, "log_gone")
+        writer.reset(TABLE, after_batch_id=1)
+        with pytest.raises(LogResetError) as reset:
+            client.read(TABLE, after_seq=first.next_seq, epoch=first.epoch)
+        assert (reset.value.status, reset.value.field) == (409, "epoch")
+
+
+BAD_REQUESTS: list[tuple[str, str, dict[str, Any], int, str, str | None]] = [
+    (
+        "POST",
+        f"/v1/tables/{TABLE}/entries?barrier=1&batch_id=1",
+        {"content": b"not arrow"},
+        422,
+        "invalid_request",
+        "body",
+    ),
+    (
+        "POST",
+        f"/v1/tables/{TABLE}/entries?barrier=x&batch_id=1",
+        {"content": b""},
+        422,
+        "invalid_request",
+        "barrier",
+    ),
+    (
+        "POST",
+        f"/v1/tables/{TABLE}/entries?barrier=-1&batch_id=1",
+        {"content": b""},
+        422,
+        "invalid_request",
+        "barrier",
+    ),
+    (
+        "POST",
+        "/v1/tables/events/entries?barrier=1&batch_id=1",
+        {"content": b""},
+        422,
+        "invalid",
+        "table",
+    ),
+    ("POST", f"/v1/tables/{TABLE}/persisted", {"content": b"{"}, 422, "invalid_request", "body"),
+    (
+        "POST",
+        f"/v1/tables/{TABLE}/persisted",
+        {"json": {"barrier": 1, "batch_id": 0}},
+        422,
+        "invalid_request",
+        "snapshot_id",
+    ),
+    (
+        "POST",
+        f"/v1/tables/{TABLE}/reset",
+        {"json": {"after_batch_id": -2}},
+        422,
+        "invalid_request",
+        "after_batch_id",
+    ),
+    (
+        "POST",
+        f"/v1/tables/{TABLE}/reset",
+        {"json": {"after_batch_id": 1, "x": 1}},
+        422,
+        "invalid_request",
+        "x",
+    ),
+    (
+        "GET",
+        f"/v1/tables/{TABLE}/entries?after_seq=0&after_batch=0&epoch=1",
+        {},
+        422,
+        "invalid",
+        "after_seq",
+    ),
+    ("GET", f"/v1/tables/{TABLE}/entries?after_seq=0", {}, 422, "invalid", "epoch"),
+    ("GET", "/v1/tables/dw.unknown/entries?after_batch=0", {}, 404, "log_table_unknown", "table"),
+    ("DELETE", f"/v1/tables/{TABLE}/entries", {}, 405, "method_not_allowed", None),
+    (
+        "POST",
+        f"/v1/tables/{TABLE}/entries?barrier=1&batch_id=1",
+        {"content": encode([OTHER_SCHEMA_ROWS], OTHER_SCHEMA_ROWS.schema)},
+        409,
+        "log_schema_changed",
+        "body",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status", "code", "field"),
+    BAD_REQUESTS,
+    ids=[f"{m} {p.split('/v1/')[1][:40]} {s}" for m, p, _, s, _, _ in BAD_REQUESTS],
+)
+def test_bad_input_gets_a_json_error_and_changes_nothing(
+    service: LogService,
+    method: str,
+    path: str,
+    body: dict[str, Any],
+    status: int,
+    code: str,
+    field: str | None,
+) -> None:
+    writer = LogWriter(service.url)
+    writer.reset(TABLE, after_batch_id=-1)
+    writer.append(TABLE, barrier=barrier_of(0), batch_id=0, rows=rows(1))
+    with LogClient(service.url) as client:
+        before = client.status()
+        response = httpx.request(method, service.url + path, **body)
+        after = client.status()
+    error = assert_error(response, status, code)
+    assert error.get("field") == field
+    assert after == before
+
+
+def test_the_embedded_service_stops_cleanly_and_frees_its_port() -> None:
+    service = LogService().start()
+    assert httpx.get(service.url + "/healthz").json() == {"status": "ok"}
+    service.stop()
+    with pytest.raises(httpx.TransportError):
+        httpx.get(service.url + "/healthz", timeout=2)
+    with socket.socket() as again:
+        again.bind(("127.0.0.1", service.port))
+
+
+# -- a reader following a real Iceberg table ----------------------------------------------------
+
+
+@pytest.fixture
+def catalog(tmp_path: Path) -> Iterator[Catalog]:
+    opened = open_catalog(f"sqlite:///{tmp_path / 'catalog.db'}", str(tmp_path / "wh"))
+    yield opened
+    opened.engine.dispose()  # type: ignore[attr-defined]
+
+
+class Writer:
+    """What the Spark side does per batch: log the rows (two executors), commit, persist."""
+
+    def __init__(self, catalog: Catalog, log_url: str) -> None:
+        self.table: Table = ensure_table(catalog, TABLE, SCHEMA)
+        self.log = LogWriter(log_url)
+        self.log.reset(TABLE, after_batch_id=-1)
+        self.next_id = 0
+
+    def batch(self, batch_id: int, n: int = 4, *, commit: bool = True) -> list[int]:
+        ids = list(range(self.next_id, self.next_id + n))
+        self.next_id += n
+        half = n // 2
+        for part in (ids[:half], ids[half:]):
+            self.log.append(
+                TABLE, barrier=barrier_of(batch_id), batch_id=batch_id, rows=rows(*part)
+            )
+        if commit:
+            self.commit(batch_id, ids)
+        return ids
+
+    def commit(self, batch_id: int, ids: list[int]) -> None:
+        stamp = encode_stamp(barrier=barrier_of(batch_id), job="events", batch=batch_id)
+        self.table.append(pa.Table.from_batches([rows(*ids)]), snapshot_properties=stamp)
+        snapshot = self.table.current_snapshot()
+        assert snapshot is not None
+        self.log.persisted(
+            TABLE, barrier=barrier_of(batch_id), batch_id=batch_id, snapshot_id=snapshot.snapshot_id
+        )
+
+    def table_ids(self) -> list[int]:
+        return sorted(ids_of(self.table.refresh().scan().to_arrow()))
+
+
+def drain(reader: LogReader, polls: int = 6) -> tuple[list[int], list[str]]:
+    """Poll a few times; the ids delivered and the source of each poll that gave rows."""
+    got: list[int] = []
+    sources = []
+    for _ in range(polls):
+        new = reader.poll()
+        if new is not None:
+            got += ids_of(new)
+            sources.append(reader.source)
+    return got, sources
+
+
+def test_a_reader_close_behind_follows_the_log_before_the_commit(
+    catalog: Catalog, service: LogService
+) -> None:
+    writer = Writer(catalog, service.url)
+    first = writer.batch(0)
+    reader = LogReader(TABLE, catalog=catalog, log_url=service.url, retry_log_seconds=0)
+    assert drain(reader) == ([], [])  # "latest": what is committed already is not news
+    pending = writer.batch(1, commit=False)
+    got, sources = drain(reader)
+    assert got == pending and sources == ["log"]  # before the Iceberg commit
+    writer.commit(1, pending)
+    assert drain(reader) == ([], [])
+    assert reader.committed_batch == 1  # the persisted mark reached the reader
+    assert sorted(first + pending) == writer.table_ids()
+
+
+def test_a_reader_far_behind_reads_the_snapshots_then_follows_the_log_again(
+    catalog: Catalog, service: LogService
+) -> None:
+    service.store.keep_barriers = 1
+    writer = Writer(catalog, service.url)
+    reader = LogReader(
+        TABLE, catalog=catalog, log_url=service.url, start="earliest", retry_log_seconds=0
+    )
+    delivered = ids_of(reader.poll())
+    for batch in range(6):  # the reader sleeps; the log keeps one persisted barrier
+        writer.batch(batch)
+    unpersisted = writer.batch(6, commit=False)
+    got, sources = drain(reader)
+    delivered += got
+    assert sources == ["snapshots", "log"]  # batches 0-5 from the table, 6 from the log
+    assert got[-len(unpersisted) :] == unpersisted
+    assert set(delivered) == set(writer.table_ids()) | set(unpersisted)
+    newer = writer.batch(7)
+    got, sources = drain(reader)
+    assert got == newer and sources == ["log"]
+
+
+def test_a_restarting_writer_resets_the_log_and_readers_get_duplicates_never_a_gap(
+    catalog: Catalog, service: LogService
+) -> None:
+    writer = Writer(catalog, service.url)
+    reader = LogReader(TABLE, catalog=catalog, log_url=service.url, retry_log_seconds=0)
+    delivered: list[int] = []
+    for batch in range(3):
+        writer.batch(batch)
+    lost = writer.batch(3, commit=False)  # the driver dies after the executors logged batch 3
+    delivered += drain(reader)[0]
+    assert lost[0] in delivered
+    writer.log.reset(TABLE, after_batch_id=2)  # restarted from its last committed batch
+    writer.next_id = lost[0]  # the replay makes the same rows again
+    replayed = writer.batch(3)
+    writer.batch(4, commit=False)
+    got, sources = drain(reader)
+    delivered += got
+    assert "snapshots" in sources and sources[-1] == "log"
+    counts = Counter(delivered)
+    assert set(writer.table_ids()) <= set(counts)  # no gap
+    assert all(counts[i] >= 2 for i in replayed)  # duplicates of the replayed batch
+    assert set(delivered) <= set(writer.table_ids()) | set(range(writer.next_id))
+
+
+def test_a_down_log_service_makes_the_reader_read_snapshots_with_one_warning(
+    catalog: Catalog, caplog: pytest.LogCaptureFixture
+) -> None:
+    service = LogService(LogStore()).start()
+    port = service.port
+    writer = Writer(catalog, service.url)
+    reader = LogReader(TABLE, catalog=catalog, log_url=service.url, retry_log_seconds=0)
+    writer.batch(0, commit=False)
+    assert reader.poll() is not None and reader.source == "log"
+    writer.commit(0, list(range(4)))
+    service.stop()
+    table_only = Writer.__new__(Writer)  # the writer goes on committing without its log
+    table_only.table, table_only.next_id = writer.table, writer.next_id
+    delivered: list[int] = []
+    with caplog.at_level(logging.INFO, logger="metaservice.logstore.reader"):
+        for batch in (1, 2, 3):
+            ids = list(range(table_only.next_id, table_only.next_id + 2))
+            table_only.next_id += 2
+            stamp = encode_stamp(barrier=barrier_of(batch), job="events", batch=batch)
+            writer.table.append(pa.Table.from_batches([rows(*ids)]), snapshot_properties=stamp)
+            delivered += drain(reader, polls=3)[0]
+            assert reader.source == "snapshots"
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1 and "unreachable" in warnings[0].getMessage()
+        # batch 0 again (the reader had it from the log only), then every committed row
+        assert set(delivered) == set(range(10)) == set(writer.table_ids())
+        # the log service comes back (a new process: empty, a new epoch) on the same port
+        with LogService(LogStore(), port=port) as back:
+            back_writer = LogWriter(back.url)
+            back_writer.reset(TABLE, after_batch_id=3)
+            back_writer.append(TABLE, barrier=barrier_of(4), batch_id=4, rows=rows(100))
+            got, sources = drain(reader)
+        assert got == [100] and sources == ["log"]
+        assert any("reachable again" in r.getMessage() for r in caplog.records)
+
+
+# -- a table's log registered with the MetaService ---------------------------------------------
+
+
+def test_a_table_log_is_published_and_shown_with_the_table(client: TestClient) -> None:
+    put_job(client, "events", [TABLE])
+    spec = {"mode": "external", "address": "http://10.0.0.5:7070"}
+    view = client.put(f"{API}/tables/{TABLE}/log", json=spec)
+    assert view.status_code == 200, view.text
+    assert view.json()["log"] == {**spec, "updated_ms": T0}
+    assert client.get(f"{API}/tables/{TABLE}").json()["log"] == {**spec, "updated_ms": T0}
+    (listed,) = client.get(f"{API}/tables").json()["items"]
+    assert listed["log"]["address"] == "http://10.0.0.5:7070"
+    moved = client.put(
+        f"{API}/tables/{TABLE}/log", json={"mode": "embedded", "address": "http://127.0.0.1:41234"}
+    )
+    assert moved.json()["log"]["mode"] == "embedded"
+    assert client.delete(f"{API}/tables/{TABLE}/log").json()["log"] is None
+    assert client.get(f"{API}/tables/{TABLE}").json()["log"] is None
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "code", "field"),
+    [
+        (
+            "/tables/dw.unknown/log",
+            {"mode": "embedded", "address": "http://h:1"},
+            404,
+            "not_found",
+            "table",
+        ),
+        (
+            f"/tables/{TABLE}/log",
+            {"mode": "kafka", "address": "http://h:1"},
+            422,
+            "invalid_request",
+            "mode",
+        ),
+        (f"/tables/{TABLE}/log", {"mode": "embedded", "address": "h:1"}, 422, "invalid_request", "address"),
+        (
+            f"/tables/{TABLE}/log",
+            {"mode": "embedded", "address": "http://h 1"},
+            422,
+            "invalid_request",
+            "address",
+        ),
+        (f"/tables/{TABLE}/log", {"mode": "embedded"}, 422, "invalid_request", "address"),
+        (
+            f"/tables/{TABLE}/log",
+            {"mode": "embedded", "address": "http://h:1", "x": 1},
+            422,
+            "invalid_request",
+            "x",
+        ),
+    ],
+)
+def test_a_bad_table_log_is_refused_and_changes_nothing(
+    client: TestClient,
+    db_url: str,
+    path: str,
+    body: dict[str, Any],
+    status: int,
+    code: str,
+    field: str,
+) -> None:
+    put_job(client, "events", [TABLE])
+    with unchanged(db_url):
+        response = client.put(API + path, json=body)
+    error = assert_error(response, status, code)
+    assert field in str(error.get("field")), error
+
+
+def test_a_reader_of_a_table_without_a_log_is_told_how_to_enable_it(
+    settings: Settings, clock: ManualClock, catalog: Catalog, service: LogService
+) -> None:
+    with LiveServer(create_app(settings, clock)) as server, MetaServiceClient(server.url) as ms:
+        ms.put_job("events", outputs=[TABLE])
+        with pytest.raises(LogNotEnabled) as refused:
+            LogReader.from_metaservice(TABLE, ms, catalog=catalog)
+        message = str(refused.value)
+        assert 'register(..., log="embedded")' in message and "metaservice log start" in message
+        writer = Writer(catalog, service.url)
+        ms.put_table_log(TABLE, mode="embedded", address=service.url)
+        reader = LogReader.from_metaservice(TABLE, ms, catalog=catalog, retry_log_seconds=0)
+        pending = writer.batch(0, commit=False)
+        assert ids_of(reader.poll()) == pending
