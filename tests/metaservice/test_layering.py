@@ -168,6 +168,7 @@ QUERY_COMMANDS = [
     ["revision", "status"],
     ["revision", "swap"],
     ["revision", "cancel"],
+    ["log", "status"],
 ]
 
 
@@ -193,6 +194,7 @@ def test_cli_version_without_server_deps(tmp_path: Path) -> None:
         (["db", "current", "--db", "sqlite:///ms.db"], "server"),
         (["token", "list", "--db", "sqlite:///ms.db"], "server"),
         (["reconcile", "--db", "sqlite:///ms.db"], "server,iceberg"),
+        (["log", "start", "--port", "1"], "server,iceberg"),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else v,
 )
