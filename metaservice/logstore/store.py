@@ -135,7 +135,8 @@ class TableLog:
     keep_barriers: int = DEFAULT_KEEP_BARRIERS
     max_bytes: int = DEFAULT_MAX_BYTES
     now: Callable[[], float] = time.time
-    epoch: int = field(default_factory=lambda: time.time_ns() // 1_000_000)
+    # Microseconds of the clock: a restarted service never starts at an epoch it had.
+    epoch: int = field(default_factory=lambda: time.time_ns() // 1_000)
     _entries: deque[LogEntry] = field(default_factory=deque)
     _bytes: int = 0
     _next_seq: int = 1

@@ -230,6 +230,25 @@ def test_a_stale_position_is_410_gone_and_an_old_epoch_409_log_reset(service: Lo
         assert (reset.value.status, reset.value.field) == (409, "epoch")
 
 
+def test_a_restarted_log_service_answers_an_old_position_with_log_reset() -> None:
+    with LogService(LogStore()) as first:
+        port = first.port
+        writer = LogWriter(first.url)
+        writer.reset(TABLE, after_batch_id=-1)
+        for batch in range(2):
+            writer.append(TABLE, barrier=barrier_of(batch), batch_id=batch, rows=rows(batch))
+        with LogClient(first.url) as client:
+            old = client.read(TABLE, after_batch=-1)
+    assert old.next_seq == 2
+    with LogService(LogStore(), port=port) as second:  # a new process: seqs start again
+        writer = LogWriter(second.url)
+        writer.reset(TABLE, after_batch_id=-1)
+        for batch in range(4):
+            writer.append(TABLE, barrier=barrier_of(batch), batch_id=batch, rows=rows(batch))
+        with LogClient(second.url) as client, pytest.raises(LogResetError):
+            client.read(TABLE, after_seq=old.next_seq, epoch=old.epoch)  # else seqs 1-2 missed
+
+
 BAD_REQUESTS: list[tuple[str, str, dict[str, Any], int, str, str | None]] = [
     (
         "POST",
