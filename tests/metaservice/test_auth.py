@@ -75,6 +75,8 @@ NEEDS: dict[tuple[str, str], Role] = {
     ("GET", "/api/v1/tables/{table}/retention"): Role.READER,
     ("PUT", "/api/v1/tables/{table}/retention"): Role.ADMIN,
     ("DELETE", "/api/v1/tables/{table}/retention"): Role.ADMIN,
+    ("PUT", "/api/v1/tables/{table}/log"): Role.WRITER,
+    ("DELETE", "/api/v1/tables/{table}/log"): Role.WRITER,
     ("POST", "/api/v1/commits"): Role.WRITER,
     ("POST", "/api/v1/commits/batch"): Role.WRITER,
     ("GET", "/api/v1/versions/consistent"): Role.READER,
@@ -134,6 +136,7 @@ BODIES = {
     ("POST", "/api/v1/leases"): {"tables": ["ods.orders", "dw.detail"], "lease_seconds": 60},
     ("POST", "/api/v1/tokens"): {"role": "reader", "description": "made by the test"},
     ("PUT", "/api/v1/tables/{table}/retention"): {"keep_last": 5},
+    ("PUT", "/api/v1/tables/{table}/log"): {"mode": "embedded", "address": "http://h:1"},
 }
 # GET /versions/consistent with a lease takes one: a writer's call, though it is a GET.
 LEASE_QUERY = {"tables": "ods.orders,dw.detail", "lease_seconds": "60"}
