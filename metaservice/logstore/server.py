@@ -213,18 +213,26 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 class LogService:
     """The log service in a background thread of this process (``log="embedded"``).
 
-    ``port=0`` takes a free port; :attr:`url` is the address writers and readers use.
-    ``start()``/``stop()``, or use it as a context manager.
+    ``port=0`` takes a free port; :attr:`url` is the address writers and readers use:
+    on a cluster, listen on ``host="0.0.0.0"`` and give the name executors reach the
+    driver by as ``advertised_host``. ``start()``/``stop()``, or use it as a context
+    manager.
     """
 
     def __init__(
-        self, store: LogStore | None = None, *, host: str = "127.0.0.1", port: int = 0
+        self,
+        store: LogStore | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        advertised_host: str | None = None,
     ) -> None:
         self.store = store if store is not None else LogStore()
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, port))
         self.host, self.port = host, self._socket.getsockname()[1]
+        self.advertised_host = advertised_host or host
         config = uvicorn.Config(
             create_log_app(self.store), log_config=None, access_log=False, lifespan="off"
         )
@@ -238,7 +246,7 @@ class LogService:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"http://{self.advertised_host}:{self.port}"
 
     def start(self, timeout: float = 20.0) -> Self:
         self._thread.start()

@@ -365,6 +365,12 @@ def test_the_embedded_service_stops_cleanly_and_frees_its_port() -> None:
         again.bind(("127.0.0.1", service.port))
 
 
+def test_an_embedded_service_on_every_interface_advertises_a_reachable_address() -> None:
+    with LogService(host="0.0.0.0", advertised_host="127.0.0.1") as service:
+        assert service.url == f"http://127.0.0.1:{service.port}"
+        assert httpx.get(service.url + "/healthz").status_code == 200
+
+
 # -- a reader following a real Iceberg table ----------------------------------------------------
 
 
@@ -435,6 +441,17 @@ def test_a_reader_close_behind_follows_the_log_before_the_commit(
     assert drain(reader) == ([], [])
     assert reader.committed_batch == 1  # the persisted mark reached the reader
     assert sorted(first + pending) == writer.table_ids()
+
+
+def test_follow_yields_new_rows_until_stopped(catalog: Catalog, service: LogService) -> None:
+    writer = Writer(catalog, service.url)
+    reader = LogReader(TABLE, catalog=catalog, log_url=service.url)
+    written = writer.batch(0, commit=False) + writer.batch(1, commit=False)
+    got: list[int] = []
+    polls = iter(range(10))
+    for new in reader.follow(interval=0.01, stop=lambda: next(polls, None) is None):
+        got += ids_of(new)
+    assert got == written
 
 
 def test_a_reader_far_behind_reads_the_snapshots_then_follows_the_log_again(
@@ -556,7 +573,13 @@ def test_a_table_log_is_published_and_shown_with_the_table(client: TestClient) -
             "invalid_request",
             "mode",
         ),
-        (f"/tables/{TABLE}/log", {"mode": "embedded", "address": "h:1"}, 422, "invalid_request", "address"),
+        (
+            f"/tables/{TABLE}/log",
+            {"mode": "embedded", "address": "h:1"},
+            422,
+            "invalid_request",
+            "address",
+        ),
         (
             f"/tables/{TABLE}/log",
             {"mode": "embedded", "address": "http://h 1"},
