@@ -38,7 +38,9 @@ class JobView(BaseModel):
 
 
 LogMode = Literal["embedded", "external"]
-LOG_ADDRESS = r"^https?://[^\s/?#]+(/[^\s?#]*)?$"
+# http(s), a host name or address and port, an optional path: printable ASCII only (no
+# NUL, which PostgreSQL text cannot hold; no spaces).
+LOG_ADDRESS = r"^https?://[A-Za-z0-9.\-\[\]:]+(/[\x21-\x7e]*)?$"
 
 
 class TableLogSpec(BaseModel):

@@ -590,6 +590,13 @@ def test_a_table_log_is_published_and_shown_with_the_table(client: TestClient) -
         (f"/tables/{TABLE}/log", {"mode": "embedded"}, 422, "invalid_request", "address"),
         (
             f"/tables/{TABLE}/log",
+            {"mode": "embedded", "address": "http://h\x00:1"},  # PostgreSQL text holds no NUL
+            422,
+            "invalid_request",
+            "address",
+        ),
+        (
+            f"/tables/{TABLE}/log",
             {"mode": "embedded", "address": "http://h:1", "x": 1},
             422,
             "invalid_request",
