@@ -55,6 +55,7 @@ MAX_SIGNED_64 = 2**63 - 1
 MAX_BODY_BYTES = 512 * 1024 * 1024
 # The MetaService's code for a request its schema refuses ("invalid": one that breaks a rule).
 MALFORMED = "invalid_request"
+MAX_READER_ID = 200
 
 
 class PersistedBody(BaseModel):
@@ -115,7 +116,7 @@ def create_log_app(store: LogStore) -> Starlette:
             epoch=_int_param(request, "epoch", minimum=0),
             after_batch=_int_param(request, "after_batch", minimum=-1),
             max_bytes=_int_param(request, "max_bytes", minimum=1),
-            reader=request.query_params.get("reader"),
+            reader=_reader(request),
         )
         headers = {wire.EPOCH_HEADER: str(result.epoch), wire.NEXT_SEQ_HEADER: str(result.next_seq)}
         if result.committed is not None:
@@ -165,6 +166,15 @@ def status_json(status: TableStatus) -> dict[str, Any]:
             else dict(zip(("barrier", "batch_id", "seq"), offset, strict=True))
         )
     return body
+
+
+def _reader(request: Request) -> str | None:
+    reader = request.query_params.get("reader")
+    if reader is not None and len(reader) > MAX_READER_ID:
+        raise Invalid(
+            f"reader is longer than {MAX_READER_ID} characters", field="reader", code=MALFORMED
+        )
+    return reader
 
 
 def _table(request: Request) -> str:

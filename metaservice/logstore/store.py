@@ -65,7 +65,8 @@ log = logging.getLogger(__name__)
 DEFAULT_KEEP_BARRIERS = 2
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 READERS_RECENT_S = 60.0  # a reader seen within this long counts as "reading"
-_MARKS_KEPT = 1000  # persisted marks remembered (for readers' committed positions)
+_MARKS_KEPT = 1000
+_READERS_KEPT = 1000  # persisted marks remembered (for readers' committed positions)
 
 
 class LogGone(ServiceError):
@@ -232,7 +233,7 @@ class TableLog:
             raise Invalid("give exactly one of after_seq and after_batch", field="after_seq")
         with self._lock:
             if reader:
-                self._readers[reader] = self.now()
+                self._seen(reader)
             if after_seq is not None:
                 due = self._after_seq(after_seq, epoch)
             else:
@@ -241,6 +242,13 @@ class TableLog:
             taken = _cap(due, max_bytes)
             next_seq = taken[-1].seq if taken else self._position(after_seq)
             return ReadResult(taken, self.epoch, next_seq, self._committed_at(next_seq))
+
+    def _seen(self, reader: str) -> None:
+        now = self.now()
+        self._readers[reader] = now
+        if len(self._readers) > _READERS_KEPT:  # forget the ones gone quiet
+            since = now - READERS_RECENT_S
+            self._readers = {r: seen for r, seen in self._readers.items() if seen >= since}
 
     def _after_seq(self, after_seq: int, epoch: int | None) -> list[LogEntry]:
         if epoch is None:

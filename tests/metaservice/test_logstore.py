@@ -175,6 +175,16 @@ def test_a_read_is_capped_in_bytes_but_returns_at_least_one_entry() -> None:
         log.read(after_seq=9, epoch=log.epoch)  # past the end
 
 
+def test_status_lists_the_readers_seen_in_the_last_minute() -> None:
+    now = [1000.0]
+    log = TableLog(TABLE, now=lambda: now[0])
+    log.append(barrier_of(0), 0, rows(0))
+    log.read(after_batch=0, reader="old")
+    now[0] += 61
+    log.read(after_batch=0, reader="new")
+    assert log.status().readers == ["new"]
+
+
 # -- the service over HTTP --------------------------------------------------------------------
 
 
@@ -317,6 +327,14 @@ BAD_REQUESTS: list[tuple[str, str, dict[str, Any], int, str, str | None]] = [
     ),
     ("GET", f"/v1/tables/{TABLE}/entries?after_seq=0", {}, 422, "invalid", "epoch"),
     ("GET", "/v1/tables/dw.unknown/entries?after_batch=0", {}, 404, "log_table_unknown", "table"),
+    (
+        "GET",
+        f"/v1/tables/{TABLE}/entries?after_batch=0&reader={'r' * 201}",
+        {},
+        422,
+        "invalid_request",
+        "reader",
+    ),
     ("DELETE", f"/v1/tables/{TABLE}/entries", {}, 405, "method_not_allowed", None),
     (
         "POST",
