@@ -137,7 +137,7 @@ def _error_for(response: httpx.Response) -> LogApiError:
         body = {}
     code = str(body.get("code", "http_error"))
     cls = LogGoneError if response.status_code == 410 else LogApiError
-    if code == "log_reset":
+    if code == wire.RESET_CODE:
         cls = LogResetError
     message = str(body.get("message", response.text[:300]))
     return cls(response.status_code, code, message, body.get("field"))

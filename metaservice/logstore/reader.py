@@ -33,6 +33,7 @@ import pyarrow as pa
 
 from metaservice.logstore import wire
 from metaservice.logstore.client import (
+    LogApiError,
     LogClient,
     LogGoneError,
     LogRead,
@@ -166,8 +167,16 @@ class LogReader:
                     reader=self.reader_id,
                     max_bytes=self._max_bytes,
                 )
-        except (LogGoneError, LogResetError) as exc:
-            log.info("log reader of %s: %s; reading the table's snapshots", self.table, exc.message)
+        except LogApiError as exc:
+            if (
+                not isinstance(exc, LogGoneError | LogResetError)
+                and exc.code != wire.TABLE_UNKNOWN_CODE
+            ):
+                raise
+            # Gone, reset, or nothing of the table here yet: the snapshots have the rows.
+            if self.source == "log":
+                log.info("log reader of %s: %s; reading its snapshots", self.table, exc.message)
+            self._log_up()
             self._leave_log()
             return None
         except LogUnavailable as exc:
@@ -214,9 +223,10 @@ class LogReader:
     def _read_snapshots(self) -> pa.Table | None:
         """The rows of the snapshots after the committed one; the position moves to the
         newest, and the next poll asks the log from its batch."""
-        table = self._load_table(self.table)
+        table = self._existing_table()
         parts = []
-        for part in rows_after(table, self.committed_snapshot):
+        newer = rows_after(table, self.committed_snapshot) if table is not None else ()
+        for part in newer:
             if part.rows.num_rows:
                 barrier, batch = (
                     (part.stamp.barrier, part.stamp.batch) if part.stamp else (None, None)
@@ -231,7 +241,8 @@ class LogReader:
         return pa.concat_tables(parts, promote_options="permissive")
 
     def _start_at_current_snapshot(self) -> None:
-        current = self._load_table(self.table).current_snapshot()
+        table = self._existing_table()
+        current = table.current_snapshot() if table is not None else None
         if current is None:
             self.committed_batch = -1  # nothing committed: the log from its first batch
             return
@@ -240,6 +251,15 @@ class LogReader:
         stamp = parse_stamp(current.summary)
         self.committed_snapshot = current.snapshot_id
         self.committed_batch = stamp.batch if stamp is not None else None
+
+    def _existing_table(self) -> Table | None:
+        """The table; None while its writer has not created it yet (nothing to read)."""
+        from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+        try:
+            return self._load_table(self.table)
+        except (NoSuchTableError, NoSuchNamespaceError):
+            return None
 
 
 def _batch_or_none(batch: int | None) -> int:

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from metaservice.errors import Conflict, Invalid, NotFound, ServiceError
+from metaservice.logstore import wire
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -73,14 +74,14 @@ class LogGone(ServiceError):
     """The reader's position is older than what the log holds: read the table's snapshots."""
 
     status = 410
-    code = "log_gone"
+    code = wire.GONE_CODE
 
 
 class EpochChanged(ServiceError):
     """The log was reset (a writer restarted) since the reader's position was handed out."""
 
     status = 409
-    code = "log_reset"
+    code = wire.RESET_CODE
 
 
 @dataclass(frozen=True)
@@ -414,7 +415,7 @@ class LogStore:
                 f"this log service holds no log of table {name}: its writer has not "
                 "appended or reset here",
                 field="table",
-                code="log_table_unknown",
+                code=wire.TABLE_UNKNOWN_CODE,
             )
         return found
 

@@ -20,3 +20,8 @@ COMMITTED_BATCH_HEADER = "X-Log-Committed-Batch"
 COMMITTED_SNAPSHOT_HEADER = "X-Log-Committed-Snapshot"
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
+
+# Error codes a reader acts on (the others are in docs/operations.md, "Errors").
+GONE_CODE = "log_gone"  # 410: the position is older than what the log holds
+RESET_CODE = "log_reset"  # 409: the log's epoch is not the reader's
+TABLE_UNKNOWN_CODE = "log_table_unknown"  # 404: the service holds nothing of the table

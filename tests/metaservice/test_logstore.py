@@ -472,6 +472,14 @@ def test_follow_yields_new_rows_until_stopped(catalog: Catalog, service: LogServ
     assert got == written
 
 
+def test_a_reader_may_start_before_the_table_exists(catalog: Catalog, service: LogService) -> None:
+    reader = LogReader(TABLE, catalog=catalog, log_url=service.url, retry_log_seconds=0)
+    assert reader.poll() is None  # no table, no log of it yet: nothing, no error
+    writer = Writer(catalog, service.url)
+    pending = writer.batch(0, commit=False)
+    assert drain(reader)[0] == pending
+
+
 def test_a_reader_far_behind_reads_the_snapshots_then_follows_the_log_again(
     catalog: Catalog, service: LogService
 ) -> None:
