@@ -186,3 +186,30 @@ def test_the_jobs_own_output_reads_at_a_start_its_history_skips_once_final_there
 
     assert version is not None and version.barrier <= skipped
     assert version.snapshots == {"dw.detail": 77} and version.lease_id is not None
+
+
+def test_a_first_batch_starting_where_the_idle_job_was_advanced_reads_its_output_empty(
+    service: Any, tmp_path: Path
+) -> None:
+    """A derived job advanced while idle before its query first ran: the query starts at
+    the job's frontier, so its first batch has a start, at which the job committed
+    nothing. The output is final there and empty: the read gets that empty version at
+    once, and does not wait for a commit that never comes."""
+    client, clock = service
+    enrich = job(client, tmp_path, patience_s=5)
+    for source, table in (("src_orders", "ods.orders"), ("src_items", "ods.items")):
+        barrier = client.batch_barrier(source, 0).barrier
+        client.report_commit(source, 0, barrier, table, None)
+    clock.advance(3 * SLOT)
+    client.consistent_version(["dw.detail"])  # advances the idle job: nothing to read
+    start = client.get_job("enrich").frontier
+    assert start > 0 and client.get_job("enrich").last_batch_id is None
+
+    ctx = BatchContext(enrich, batch_id=0, barrier=start + SLOT, start_barrier=start)
+    started = time.monotonic()
+    version = enrich.version_in_batch(ctx, "dw.detail")
+    assert time.monotonic() - started < 2, "waited for a version of an output that is final"
+    assert version is not None and version.barrier == start
+    assert version.snapshots == {"dw.detail": None}
+    assert version.lease_id is not None
+    client.delete_lease(version.lease_id)
