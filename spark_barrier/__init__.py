@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         register,
         stop_between_batches,
     )
+    from spark_barrier.log_source import read_log
     from spark_barrier.reads import ConsistentRead, read_at_barrier, read_consistent
     from spark_barrier.spark_session import local_spark_builder
 
@@ -46,6 +47,7 @@ _HOME = {
         ("ConsistentRead", "read_at_barrier", "read_consistent"), "spark_barrier.reads"
     ),
     "local_spark_builder": "spark_barrier.spark_session",
+    "read_log": "spark_barrier.log_source",
 }
 
 
@@ -66,6 +68,7 @@ __all__ = [
     "local_spark_builder",
     "read_at_barrier",
     "read_consistent",
+    "read_log",
     "register",
     "stop_between_batches",
 ]

@@ -56,6 +56,7 @@ from spark_barrier.inputs import (
 )
 from spark_barrier.jvm import PlanUnavailable, planned_scans, running_query_id
 from spark_barrier.listener import BarrierListener
+from spark_barrier.log import JobLog, check_log_options, open_job_log
 from spark_barrier.offline import OfflineBarriers
 from spark_barrier.reads import read_at_barrier
 from spark_barrier.report import DirectReporter, OutboxReporter, Reporter, retry
@@ -172,6 +173,7 @@ class BarrierJob:
         read_lease_s: int = 3600,
         aliases: Mapping[str, str] | None = None,
         revision: int | None = None,
+        log: JobLog | None = None,
     ) -> None:
         self.spark = spark
         self.client = client
@@ -189,6 +191,7 @@ class BarrierJob:
         # Revision mode (spark_barrier.revision): an original table -> the mirror used instead.
         self.aliases = dict(aliases or {})
         self.revision = revision
+        self.log = log  # the outputs' log store (register(log=...)), or None
 
     def actual(self, table: str) -> str:
         """The table the job reads or writes for ``table`` as its code names it: in
@@ -443,6 +446,8 @@ class BarrierJob:
                 self.name, timeout,
             )  # fmt: skip
         self.reporter.close()
+        if self.log is not None:
+            self.log.close()
         _release_listener(self.spark, self.client, self.name)
 
 
@@ -488,6 +493,7 @@ class BarrierSink:
                 "%s batch %d was committed before (snapshot %d); reporting it",
                 job.name, batch_id, done.snapshot_id,
             )  # fmt: skip
+            self._persisted(batch_id, done.barrier, done.snapshot_id)
             self._report(batch_id, done.barrier, done.snapshot_id)
             return
         plan: _Plan | None = None
@@ -532,9 +538,11 @@ class BarrierSink:
                 query_id=query_id,
                 op_column=self.op_column,
                 order_by=self.order_by,
+                log_target=job.log.target(self.table, barrier, batch_id) if job.log else None,
             )
         finally:
             ctx.release()
+        self._persisted(batch_id, barrier, snapshot)
         with step("report"):
             self._report(batch_id, barrier, snapshot)
 
@@ -639,6 +647,10 @@ class BarrierSink:
                 code="batch_plan_mismatch",
             )
         return answer
+
+    def _persisted(self, batch_id: int, barrier: int, snapshot: int | None) -> None:
+        if self.job.log is not None and snapshot is not None:
+            self.job.log.persisted(self.table, barrier, batch_id, snapshot)
 
     def _report(self, batch_id: int, barrier: int, snapshot: int | None) -> None:
         crash_point("after_commit", batch_id)
@@ -806,6 +818,8 @@ def register(
     read_lease_s: int = 3600,
     partition_by: Mapping[str, Sequence[str]] | None = None,
     revision: int | None = None,
+    log: str | None = None,
+    log_url: str | None = None,
 ) -> BarrierJob:
     """Register ``job`` with the MetaService and make ``spark`` ready to run it.
 
@@ -842,7 +856,11 @@ def register(
     What ``ctx.read`` reads is leased for ``read_lease_s`` (released when its batch ends).
     ``revision``: run the job in that revision (see :mod:`spark_barrier.revision`) as
     the revision's job, on its mirror tables; the code keeps naming the original tables.
+    ``log``: give the outputs a log store (see :mod:`spark_barrier.log`): "embedded" (a
+    log service in this driver) or "external" (the one at ``log_url``, started by
+    ``metaservice log start``).
     """
+    log_mode = log  # (``log`` is the module's logger elsewhere)
     properties = _catalog_properties(job, catalog_properties, catalog_uri, warehouse, catalog)
     client = MetaServiceClient(url, token=token)
     _check_reachable(client)
@@ -856,6 +874,8 @@ def register(
         else:
             outputs = [running.table(t) for t in outputs]
         partition_by = {running.table(t): spec for t, spec in (partition_by or {}).items()}
+    if log_mode is not None or log_url is not None:
+        check_log_options(log_mode, log_url, job=job)
     catalog = _check_catalog(job, catalog, properties)
     catalog_options = {"catalog": json.dumps(properties), "catalog_name": catalog.name}
     output_names = list(outputs)
@@ -872,6 +892,13 @@ def register(
         raise BarrierConfigError(f"MetaService refused job '{job}': {exc.message}") from exc
     for name, (schema, spec) in missing.items():
         ensure_table(catalog, name, schema, partition_by=spec)
+    job_log = open_job_log(spark, log_mode, log_url)
+    if job_log is not None:
+        try:
+            job_log.open(client, job, output_names, client.get_job(job).last_batch_id)
+        except Exception:
+            job_log.close()
+            raise
     spark.dataSource.register(BarrierSource)
     _listener_for(spark, client).jobs.add(job)
     state = Path(state_dir or "spark-barrier-state") / job
@@ -886,7 +913,9 @@ def register(
         reporter = outbox_reporter
     else:
         reporter = DirectReporter(client, give_up_after_s=patience_s)
-    log.info("job '%s' registered: inputs %s, outputs %s", job, list(inputs), output_names)
+    logging.getLogger(__name__).info(
+        "job '%s' registered: inputs %s, outputs %s", job, list(inputs), output_names
+    )
     return BarrierJob(
         spark,
         client,
@@ -903,6 +932,7 @@ def register(
         read_lease_s=read_lease_s,
         aliases=aliases,
         revision=revision,
+        log=job_log,
     )
 
 

@@ -92,6 +92,7 @@ class LogReader:
         max_bytes: int = 64 * 1024 * 1024,
         retry_log_seconds: float = 2.0,
         timeout: float = 10.0,
+        resolve: Callable[[], str] | None = None,
     ) -> None:
         if load_table is None:
             if catalog is None:
@@ -101,6 +102,9 @@ class LogReader:
         self.reader_id = reader_id or f"reader-{uuid.uuid4().hex[:8]}"
         self._load_table = load_table
         self._log = LogClient(log_url, timeout=timeout) if log_url else None
+        # Where the log is now: a restarted writer's embedded log has a new address.
+        self._resolve = resolve
+        self._timeout = timeout
         self._max_bytes = max_bytes
         self._retry_log_seconds = retry_log_seconds
         # The position: the newest snapshot (and batch) delivered in full...
@@ -120,8 +124,14 @@ class LogReader:
         cls, table: str, metaservice: MetaServiceClient, **kwargs: object
     ) -> LogReader:
         """A reader of the log the table's writer registered (:class:`LogNotEnabled` when
-        it has none)."""
-        return cls(table, log_url=log_address(metaservice, table), **kwargs)  # type: ignore[arg-type]
+        it has none). While the log is down it asks ``metaservice`` (keep it open) where
+        the log is, so it follows a restarted writer's new log service."""
+        return cls(
+            table,
+            log_url=log_address(metaservice, table),
+            resolve=lambda: log_address(metaservice, table),
+            **kwargs,  # type: ignore[arg-type]
+        )
 
     def close(self) -> None:
         if self._log is not None:
@@ -131,6 +141,8 @@ class LogReader:
     def poll(self) -> pa.Table | None:
         """The rows that are new since the last poll (None when nothing is)."""
         if self._log is not None and time.monotonic() >= self._retry_log_at:
+            if self._log_down_since is not None:
+                self._follow_new_address()
             rows = self._read_log()
             if self.source == "log":
                 return rows
@@ -213,6 +225,19 @@ class LogReader:
             self._log_down_since = time.monotonic()
         self._retry_log_at = time.monotonic() + self._retry_log_seconds
         self._leave_log()
+
+    def _follow_new_address(self) -> None:
+        if self._resolve is None or self._log is None:
+            return
+        try:
+            address = self._resolve()
+        except Exception as exc:  # the MetaService down too: keep the address we have
+            log.debug("log reader of %s could not look up its log: %s", self.table, exc)
+            return
+        if address.rstrip("/") != self._log.url.rstrip("/"):
+            log.info("log of %s moved to %s", self.table, address)
+            self._log.close()
+            self._log = LogClient(address, timeout=self._timeout)
 
     def _log_up(self) -> None:
         if self._log_down_since is not None:

@@ -29,6 +29,7 @@ from spark_barrier.iceberg.upsert import (
     replace_keys_attempt,
     upsert_attempt,
 )
+from spark_barrier.log import LogTarget
 from spark_barrier.steps import step
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ def commit_batch(
     query_id: str | None = None,
     op_column: str | None = None,
     order_by: str | None = None,
+    log_target: LogTarget | None = None,
 ) -> int | None:
     """Write one micro-batch from the executors and commit it as one stamped snapshot.
 
@@ -84,6 +86,9 @@ def commit_batch(
     that rewrites only the files holding changed keys (a delete snapshot when it only
     removes files; none when nothing changes). A null key or an unknown op raises
     `CdcInputError` before anything is written.
+
+    `log_target`: the write tasks also append the batch's rows to the table's log store, chunk
+    by chunk, before writing each chunk's file (see :mod:`spark_barrier.log`).
 
     `table` is refreshed in place first (a caller may hold it across batches).
     A concurrent commit to the table (`CommitFailedException`, or for upserts a
@@ -112,7 +117,7 @@ def commit_batch(
         key_filter,
     ):
         with step("write"):
-            added = write_data_files(rows, folder, table)
+            added = write_data_files(rows, folder, table, log=log_target)
         crash_point("after_write", batch_id)  # fault-injection tests only; a no-op otherwise
         if changes is None and not added:
             delete_folder(folder, table.io)

@@ -1,0 +1,198 @@
+"""A job's tables in a log store: rows visible within a second, before the barrier commit.
+
+``register(..., log="embedded")`` starts a log service in this driver (one per driver
+process, shared by its jobs, stopped with the last of them); ``log="external"`` with
+``log_url=`` names a standalone one (``metaservice log start``). Either way the job
+publishes the address for its outputs to the MetaService, where readers find it
+(:class:`metaservice.logstore.LogReader`, :func:`read_log`), and resets each output's
+log to the last batch the MetaService recorded: what a crashed driver appended past it
+is dropped, and its readers start again from the table's latest snapshot (duplicates,
+never a gap).
+
+Each batch's rows go to the log from the executors' write tasks, chunk by chunk, just
+before each chunk's data file is written (:class:`LogTarget`); the driver marks the
+batch persisted once its snapshot is committed. The log is best effort for writers: a
+log service that is down costs one warning per task, and the batch commits anyway;
+readers then fall back to the table's snapshots. What goes to the log is the rows the
+batch writes (appends, and the new images of upserts and CDC changes); deletes and the
+rows an upsert carries over are not logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import SparkSession
+
+    from metaservice.client import MetaServiceClient
+    from metaservice.logstore.server import LogService
+
+log = logging.getLogger(__name__)
+
+LogMode = Literal["embedded", "external"]
+LOG_MODES = ("embedded", "external")
+
+# The log service's answer to an append of a batch it already holds as persisted (a
+# replayed batch): its rows are in the table, so there is nothing to add.
+_ALREADY_PERSISTED = "log_batch_persisted"
+
+
+@dataclass(frozen=True)
+class LogTarget:
+    """Where one batch's rows of one table go; pickled into the executors' write tasks."""
+
+    url: str
+    table: str
+    barrier: int
+    batch_id: int
+
+    def append(self, rows: pa.Table) -> None:
+        """Append a chunk of the batch (on an executor). Never fails the write: the log is
+        a copy, and the snapshot the batch commits is the truth readers fall back to."""
+        from metaservice.logstore import LogApiError, LogError, LogWriter
+
+        try:
+            with LogWriter(self.url) as writer:
+                writer.append(self.table, barrier=self.barrier, batch_id=self.batch_id, rows=rows)
+        except LogApiError as exc:
+            if exc.code != _ALREADY_PERSISTED:
+                log.warning("log of %s refused batch %d: %s", self.table, self.batch_id, exc)
+        except LogError as exc:
+            log.warning(
+                "log of %s at %s unreachable, batch %d goes to the table only: %s",
+                self.table, self.url, self.batch_id, exc,
+            )  # fmt: skip
+
+
+class JobLog:
+    """The log of a job's outputs, on the driver: publish, reset, persisted marks."""
+
+    def __init__(self, mode: LogMode, url: str, *, embedded: LogService | None = None) -> None:
+        from metaservice.logstore import LogWriter
+
+        self.mode = mode
+        self.url = url
+        self._embedded = embedded
+        self._writer = LogWriter(url)
+
+    def target(self, table: str, barrier: int, batch_id: int) -> LogTarget:
+        return LogTarget(self.url, table, barrier, batch_id)
+
+    def open(
+        self, client: MetaServiceClient, job: str, tables: list[str], last_batch: int | None
+    ) -> None:
+        """Publish the log for ``tables`` and reset each to the job's last committed batch."""
+        for table in tables:
+            self._writer.reset(table, after_batch_id=-1 if last_batch is None else last_batch)
+            client.put_table_log(table, mode=self.mode, address=self.url)
+        log.info("job '%s' logs %s to %s (%s)", job, tables, self.url, self.mode)
+
+    def persisted(self, table: str, barrier: int, batch_id: int, snapshot_id: int) -> None:
+        """The batch is committed as ``snapshot_id``: the log may let its rows go."""
+        from metaservice.logstore import LogError
+
+        try:
+            self._writer.persisted(
+                table, barrier=barrier, batch_id=batch_id, snapshot_id=snapshot_id
+            )
+        except LogError as exc:
+            # Readers still get the rows (from the log, or from the snapshot); the log
+            # only keeps them longer than it needs to.
+            log.warning("could not mark batch %d of %s persisted: %s", batch_id, table, exc)
+
+    def close(self) -> None:
+        self._writer.close()
+        if self._embedded is not None:
+            _release_embedded(self._embedded)
+            self._embedded = None
+
+
+def check_log_options(mode: str | None, url: str | None, *, job: str) -> None:
+    """Refuse what ``register(log=..., log_url=...)`` cannot use, before anything is made."""
+    from spark_barrier.job import BarrierConfigError
+
+    if mode is None:
+        raise BarrierConfigError(
+            f"job '{job}': log_url is given without log=; pass log=\"external\" to "
+            "write to that log service"
+        )
+    if mode not in LOG_MODES:
+        raise BarrierConfigError(
+            f"job '{job}': log={mode!r} is not a log mode; use \"embedded\" (a log service "
+            'in this driver) or "external" with log_url= (one started by '
+            "`metaservice log start`)"
+        )
+    if mode == "external":
+        if not url:
+            raise BarrierConfigError(
+                f"job '{job}': log=\"external\" needs log_url=, the address of a log "
+                "service started by `metaservice log start --port P`"
+            )
+        _check_log_reachable(job, url)
+    elif url is not None:
+        raise BarrierConfigError(
+            f"job '{job}': log=\"embedded\" runs its own log service in this driver; "
+            'drop log_url=, or use log="external" for the service at that address'
+        )
+
+
+def open_job_log(spark: SparkSession, mode: str | None, url: str | None) -> JobLog | None:
+    """The job's log as ``register`` asks (after :func:`check_log_options`; None: no log)."""
+    if mode is None:
+        return None
+    if mode == "external":
+        assert url is not None  # checked
+        return JobLog("external", url.rstrip("/"))
+    service = _acquire_embedded(spark)
+    return JobLog("embedded", service.url, embedded=service)
+
+
+def _check_log_reachable(job: str, url: str) -> None:
+    import httpx
+
+    from spark_barrier.job import BarrierConfigError
+
+    try:
+        httpx.get(f"{url.rstrip('/')}/healthz", timeout=5).raise_for_status()
+    except httpx.HTTPError as exc:
+        raise BarrierConfigError(
+            f"job '{job}': the log service at {url} does not answer ({exc}); start it with "
+            "`metaservice log start --port P` or fix log_url"
+        ) from exc
+
+
+# One embedded log service per driver process, shared by its jobs.
+_embedded_lock = threading.Lock()
+_embedded: LogService | None = None
+_embedded_users = 0
+
+
+def _acquire_embedded(spark: SparkSession) -> LogService:
+    global _embedded, _embedded_users
+    from metaservice.logstore.server import LogService
+
+    with _embedded_lock:
+        if _embedded is None:
+            local = (spark.sparkContext.master or "local").startswith("local")
+            # Executors on other hosts reach the driver by the name Spark gives it.
+            host = "127.0.0.1" if local else spark.conf.get("spark.driver.host", "127.0.0.1")
+            _embedded = LogService(
+                host="127.0.0.1" if local else "0.0.0.0", advertised_host=host
+            ).start()
+        _embedded_users += 1
+        return _embedded
+
+
+def _release_embedded(service: LogService) -> None:
+    global _embedded, _embedded_users
+    with _embedded_lock:
+        _embedded_users -= 1
+        if _embedded_users > 0 or _embedded is not service:
+            return
+        _embedded = None
+    service.stop()

@@ -1,0 +1,231 @@
+"""The log store with real Spark writers and readers: rows reach readers within a batch,
+at least once, through a writer's crash and restart and a log service's restart."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import functions as F
+
+import spark_barrier
+from metaservice.logstore import LogNotEnabled, LogReader
+from metaservice.logstore.server import LogService
+from spark_barrier import BarrierConfigError
+from spark_barrier.faults import ENV, EXIT_CODE
+from tests.spark_barrier import log_driver
+from tests.spark_barrier.pipeline import NUMBERS_SCHEMA, Service
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Follower:
+    """A LogReader polling in a thread, keeping every row it was given."""
+
+    def __init__(self, reader: LogReader) -> None:
+        self.reader = reader
+        self.parts: list[pa.Table] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        for rows in self.reader.follow(interval=0.1, stop=self._stop.is_set):
+            self.parts.append(rows)
+
+    def ids(self) -> list[int]:
+        return [i for part in self.parts for i in part.column("id").to_pylist()]
+
+    def ids_from_the_log(self) -> set[int]:
+        """Rows the log served (a row read from a snapshot has no log sequence number)."""
+        return {
+            row["id"]
+            for part in self.parts
+            for row in part.select(["id", "_log_seq"]).to_pylist()
+            if row["_log_seq"] is not None
+        }
+
+    def until_caught_up(self, expected: set[int], timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while not expected <= set(self.ids()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.reader.close()
+
+
+def _table_ids(service: Service, table: str) -> set[int]:
+    rows = service.catalog.load_table(table).scan().to_arrow()
+    return set(rows.column("id").to_pylist())
+
+
+def _drive(service: Service, tmp_path: Path, rows: int, crash: str | None = None) -> int:
+    """Run the log driver (its log embedded) until the table holds ``rows`` rows."""
+    env = {k: v for k, v in os.environ.items() if k != ENV}
+    if crash:
+        env[ENV] = crash
+    args = [service.url, service.db_url, service.warehouse, str(tmp_path / "state"), str(rows)]
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.spark_barrier.log_driver", *args],
+        cwd=ROOT,
+        env=env,
+        timeout=300,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode not in (0, EXIT_CODE):
+        print(done.stdout[-3000:], done.stderr[-6000:])
+    return done.returncode
+
+
+def _log_published(service: Service, table: str, timeout: float = 120) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            view = service.client.get_table(table)
+        except Exception:  # not registered yet
+            view = None
+        if view is not None and view.log is not None:
+            return view.log
+        time.sleep(0.2)
+    raise AssertionError(f"{table} never got a log")
+
+
+def test_a_writer_killed_mid_batch_and_restarted_loses_no_row_for_its_log_readers(
+    service: Service, tmp_path: Path
+) -> None:
+    """The driver (log embedded in it) dies after writing batch 3's files and appending
+    its rows to the log, before the commit; it is started again, replays the batch on a
+    new log service at a new address, and goes on. A reader following the table gets
+    every row of the final table, rows from the log both before and after the restart,
+    and nothing the table does not hold (the replayed batch has the same rows)."""
+    results: list[int] = []
+    first = threading.Thread(
+        target=lambda: results.append(_drive(service, tmp_path, 10_000, "after_write:3"))
+    )
+    first.start()
+    published = _log_published(service, log_driver.TABLE)
+    assert published.mode == "embedded"
+    reader = LogReader.from_metaservice(
+        log_driver.TABLE, service.client, catalog=service.catalog, start="earliest"
+    )
+    follower = Follower(reader)
+    first.join(timeout=300)
+    assert results == [EXIT_CODE], "the first driver did not die at its crash point"
+    crashed_at = set(follower.ids())
+
+    assert _drive(service, tmp_path, rows=200) == 0
+    assert service.client.get_table(log_driver.TABLE).log.address != published.address
+
+    table = _table_ids(service, log_driver.TABLE)
+    follower.until_caught_up(table)
+    delivered = follower.ids()
+    assert table <= set(delivered), f"never delivered: {sorted(table - set(delivered))[:20]}"
+    assert set(delivered) <= table, f"not in the table: {sorted(set(delivered) - table)[:20]}"
+    from_log = follower.ids_from_the_log()
+    assert from_log & crashed_at, "no row came from the first driver's log"
+    assert from_log - crashed_at, "the reader did not follow the restarted driver's log"
+
+
+def test_read_log_streams_the_rows_of_a_job_with_an_external_log_through_its_restart(
+    spark: Any, service: Service, tmp_path: Path
+) -> None:
+    """A job writes through an external log service, which is stopped and started again
+    (a new epoch, nothing held) while the job runs: the job goes on committing, and
+    ``read_log`` (a Spark stream) delivers every row of the table at least once."""
+    log_service = LogService().start()
+    port = log_service.port
+    job = spark_barrier.register(
+        spark,
+        service.url,
+        job="ingest_external",
+        outputs={"ods.external_log": NUMBERS_SCHEMA},
+        catalog_uri=service.db_url,
+        warehouse=service.warehouse,
+        catalog=service.catalog,
+        state_dir=service.state_dir,
+        log="external",
+        log_url=log_service.url,
+    )
+    stream = (
+        spark.readStream.format("rate")
+        .option("rowsPerSecond", 20)
+        .load()
+        .select(F.col("value").alias("id"), F.lit(0).cast("long").alias("barrier"))
+    )
+    writer = job.start(stream, job.sink(), trigger_seconds=0.5)
+    follow = spark_barrier.read_log(
+        spark,
+        service.url,
+        "ods.external_log",
+        catalog_properties=service.catalog_properties,
+        start="earliest",
+    )
+    reader = (
+        follow.writeStream.format("memory")
+        .queryName("logged_rows")
+        .trigger(processingTime="0.5 seconds")
+        .start()
+    )
+    try:
+        time.sleep(6)
+        log_service.stop()
+        time.sleep(3)  # the job commits without its log meanwhile
+        log_service = LogService(port=port).start()
+        time.sleep(6)
+        spark_barrier.stop_between_batches(writer)
+        table = _table_ids(service, "ods.external_log")
+        deadline = time.monotonic() + 60
+        seen: set[int] = set()
+        while time.monotonic() < deadline and not table <= seen:
+            assert reader.exception() is None, reader.exception()
+            seen = {r.id for r in spark.sql("SELECT id FROM logged_rows").collect()}
+            time.sleep(0.5)
+    finally:
+        reader.stop()
+        spark_barrier.stop_between_batches(writer)
+        job.close()
+        log_service.stop()
+    assert len(table) > 100, f"the job committed only {len(table)} rows"
+    assert table <= seen, f"never delivered: {sorted(table - seen)[:20]}"
+    assert seen <= table, f"not in the table: {sorted(seen - table)[:20]}"
+    logged = spark.sql("SELECT count(*) AS n FROM logged_rows WHERE _log_seq IS NOT NULL")
+    assert logged.collect()[0].n > 0, "no row came from the log"
+
+
+def test_log_options_are_checked_before_anything_is_registered(
+    spark: Any, service: Service
+) -> None:
+    common: dict[str, Any] = {
+        "job": "ingest_bad_log",
+        "outputs": {"ods.bad_log": NUMBERS_SCHEMA},
+        "catalog_uri": service.db_url,
+        "warehouse": service.warehouse,
+        "state_dir": service.state_dir,
+    }
+    cases = [
+        ({"log": "kafka"}, "is not a log mode"),
+        ({"log": "external"}, "needs log_url="),
+        ({"log": "external", "log_url": "http://127.0.0.1:9"}, "does not answer"),
+        ({"log_url": "http://127.0.0.1:9"}, "without log="),
+        ({"log": "embedded", "log_url": "http://127.0.0.1:9"}, "drop log_url="),
+    ]
+    for options, message in cases:
+        with pytest.raises(BarrierConfigError, match=message):
+            spark_barrier.register(spark, service.url, **common, **options)
+    assert service.client.list_jobs().total == 0
+    assert not service.catalog.table_exists("ods.bad_log")
+
+    spark_barrier.register(spark, service.url, **common).close()  # no log
+    with pytest.raises(LogNotEnabled, match=re.escape('register(..., log="embedded")')):
+        spark_barrier.read_log(spark, service.url, "ods.bad_log")
