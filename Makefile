@@ -56,6 +56,7 @@ bench: install
 	$(PY) -m bench.bench_expiry --out bench/results/expiry.json
 	$(PY) -m bench.bench_revision --out bench/results/revision.json
 	$(PY) -m bench.bench_outage --out bench/results/outage.json
+	$(PY) -m bench.bench_log --out bench/results/log.json
 	$(PY) -m bench.bench_console --out bench/results/console.json
 	$(PY) -m bench.bench_openlineage --pg $${METASERVICE_TEST_PG_URL:-$(PG_URL)} --out bench/results/openlineage.json
 
