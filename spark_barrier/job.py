@@ -153,6 +153,10 @@ def swapped_message(job: str, revision: int, tables: Sequence[str]) -> str:
     )
 
 
+# How long a batch waits for a table to become exact before it logs a warning.
+WAIT_WARNING_S = 30.0
+
+
 class BarrierJob:
     """A registered job: its barrier sources, its sink, and reads at its barriers."""
 
@@ -390,10 +394,21 @@ class BarrierJob:
         own batch may start at an end Spark planned while the MetaService advanced the
         idle job past it), the newest version before it is the same state: nothing was
         committed in between, and nothing can be any more."""
-        deadline = time.monotonic() + self.patience_s
+        started = time.monotonic()
+        deadline = started + self.patience_s
         delay = 0.05
         seen: int | None = None
+        answer = "no answer yet"
+        warned = False
         while True:
+            if not warned and time.monotonic() - started >= WAIT_WARNING_S:
+                # A batch that waits this long is usually stuck, not slow: say on what.
+                log.warning(
+                    "job %s has waited %.0f s for '%s' to be exact at barrier %s (latest "
+                    "version at or before it: %s; last answer: %s)",
+                    self.name, time.monotonic() - started, table, barrier, seen, answer,
+                )  # fmt: skip
+                warned = True
             try:
                 seen = self.client.consistent_version([table], at_or_before=barrier).barrier
                 # The frontier is read before the leased version, so a commit at or below
@@ -406,15 +421,18 @@ class BarrierJob:
                         return leased
                     if leased.lease_id is not None:  # cannot happen: versions never go back
                         self.release_lease(leased.lease_id)
-            except ConflictError:
-                pass  # no consistent version of the table yet
+                answer = f"version at {seen}, not final at {barrier}"
+            except ConflictError as exc:
+                answer = f"409 {exc.code}"  # e.g. no consistent version of the table yet
             except Unavailable as exc:
+                answer = f"MetaService unavailable ({exc})"
                 log.debug("job %s waits for the MetaService to read %s: %s", self.name, table, exc)
             if time.monotonic() + delay > deadline:
                 raise BarrierBatchError(
                     f"job '{self.name}': '{table}' is not exact at barrier {barrier} after "
                     f"{self.patience_s:.0f} s (its latest consistent version at or before it "
-                    f"is {seen}). The job that writes it must commit (or be advanced to) "
+                    f"is {seen}; last answer: {answer}). The job that writes it must "
+                    "commit (or be advanced to) "
                     "this barrier; declare it in lookups= so the job's barriers wait for it",
                     code="not_exact",
                 )

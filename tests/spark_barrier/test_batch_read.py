@@ -24,6 +24,7 @@ from metaservice.clock import ManualClock
 from metaservice.migrate import upgrade
 from metaservice.settings import Settings
 from spark_barrier import BarrierBatchError, BarrierConfigError, BarrierJob, BatchContext
+from spark_barrier import job as job_module
 
 T0 = 1_700_000_000_000
 SLOT = 1000
@@ -127,6 +128,25 @@ def test_read_gives_up_when_the_lookup_never_gets_exact(service: Any, tmp_path: 
     with pytest.raises(BarrierBatchError, match=r"'ods.items' is not exact at barrier") as error:
         enrich._exact_version("ods.items", barrier)
     assert error.value.code == "not_exact"
+
+
+def test_a_read_that_waits_long_says_on_what_once(
+    service: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    """A batch stuck on a table that never gets exact logs one warning naming the table,
+    the barrier and the service's last answer, and fails with them after its patience."""
+    client, _ = service
+    monkeypatch.setattr(job_module, "WAIT_WARNING_S", 0.2)
+    enrich = job(client, tmp_path, patience_s=1.5)
+    barrier = client.batch_barrier("src_items", 0).barrier  # never committed
+    with pytest.raises(
+        BarrierBatchError, match=f"last answer: version at {barrier - 1000}, not final"
+    ):
+        enrich._exact_version("ods.items", barrier)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1, warnings
+    assert f"'ods.items' to be exact at barrier {barrier}" in warnings[0]
+    assert f"last answer: version at {barrier - 1000}, not final" in warnings[0]
 
 
 def test_the_jobs_own_output_reads_as_of_the_batch_start(service: Any, tmp_path: Path) -> None:
