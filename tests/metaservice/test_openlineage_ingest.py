@@ -81,7 +81,11 @@ def writer(db_url: str) -> str:
 @pytest.fixture
 def http(server: LiveServer, writer: str) -> Iterator[httpx.Client]:
     with httpx.Client(
-        base_url=server.url, headers={"Authorization": f"Bearer {writer}"}, timeout=10
+        # Generous: these tests check what is stored, and on a loaded machine (the suite
+        # beside Spark tests) an ingest has taken over 10 s.
+        base_url=server.url,
+        headers={"Authorization": f"Bearer {writer}"},
+        timeout=60,
     ) as c:
         yield c
 
