@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from sqlalchemy import create_engine, text
 
 import spark_barrier
-from bench.common import host_facts, loadavg, package_version, percentile
+from bench.common import host_facts, loadavg, package_version, spread
 from examples import warehouse_pipeline as wp
 from examples.embedded import EmbeddedMetaService
 from metaservice.client import ConflictError, MetaServiceClient
@@ -56,18 +56,6 @@ from metaservice.settings import Settings
 
 INTERVAL_MS = 1000
 SAMPLE_EVERY_S = 0.5
-
-
-def spread(values: Sequence[float]) -> dict[str, float] | None:
-    if not values:
-        return None
-    return {
-        "n": len(values),
-        "p50": percentile(values, 50),
-        "p90": percentile(values, 90),
-        "p99": percentile(values, 99),
-        "max": max(values),
-    }
 
 
 @contextlib.contextmanager

@@ -38,22 +38,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from bench.common import host_facts, loadavg, package_version, percentile
+from bench.common import host_facts, loadavg, package_version, spread
 
 TABLE = "ods.events"
 SAMPLE_EVERY_S = 0.5
-
-
-def spread(values: list[float]) -> dict[str, float] | None:
-    if not values:
-        return None
-    return {
-        "n": len(values),
-        "p50": percentile(values, 50),
-        "p90": percentile(values, 90),
-        "p99": percentile(values, 99),
-        "max": max(values),
-    }
 
 
 class Follower:

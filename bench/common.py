@@ -49,6 +49,19 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[rank - 1]
 
 
+def spread(values: Sequence[float]) -> dict[str, float] | None:
+    """n, p50, p90, p99 and max of ``values`` (None when there are none)."""
+    if not values:
+        return None
+    return {
+        "n": len(values),
+        "p50": percentile(values, 50),
+        "p90": percentile(values, 90),
+        "p99": percentile(values, 99),
+        "max": max(values),
+    }
+
+
 def loadavg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 

@@ -26,6 +26,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 from pyspark.sql.types import LongType, StructField, StructType
 
+from spark_barrier.source import open_catalog_of
+
 LOG_SOURCE_NAME = "metaservice_log"
 _POSITION = ("committed_snapshot", "committed_batch", "epoch", "seq")
 
@@ -72,7 +74,7 @@ class LogSource(DataSource):
         from metaservice.logstore import wire
         from spark_barrier.iceberg.schemas import iceberg_schema_to_spark
 
-        table = _catalog(dict(self.options)).load_table(self._table)
+        table = open_catalog_of(dict(self.options)).load_table(self._table)
         rows = iceberg_schema_to_spark(table.schema())
         offsets = [StructField(c, LongType(), True) for c in wire.OFFSET_COLUMNS]
         return StructType([*rows.fields, *offsets])
@@ -83,12 +85,6 @@ class LogSource(DataSource):
 
     def simpleStreamReader(self, schema: StructType) -> SimpleDataSourceStreamReader:
         return LogStreamReader(dict(self.options), schema)
-
-
-def _catalog(options: dict[str, str]) -> Any:
-    from spark_barrier.iceberg.catalog import load_catalog
-
-    return load_catalog(json.loads(options["catalog"]))
 
 
 class LogStreamReader(SimpleDataSourceStreamReader):
@@ -111,7 +107,7 @@ class LogStreamReader(SimpleDataSourceStreamReader):
             self._reader = LogReader.from_metaservice(
                 table,
                 ms,
-                catalog=_catalog(self.options),
+                catalog=open_catalog_of(self.options),
                 start=self.options.get("start", "latest"),
                 reader_id=f"read_log-{table}",
             )

@@ -64,14 +64,18 @@ def _require(options: dict[str, str]) -> dict[str, str]:
     return options
 
 
-def _open_table(options: dict[str, str]) -> Any:
+def open_catalog_of(options: dict[str, str]) -> Any:
+    """The tables' catalog, from a source's ``catalog`` option (and ``catalog_name``)."""
     import json
 
     from spark_barrier.iceberg.catalog import CATALOG_NAME, load_catalog
 
     properties = json.loads(options["catalog"])
-    catalog = load_catalog(properties, name=options.get("catalog_name", CATALOG_NAME))
-    return catalog.load_table(options["table"])
+    return load_catalog(properties, name=options.get("catalog_name", CATALOG_NAME))
+
+
+def _open_table(options: dict[str, str]) -> Any:
+    return open_catalog_of(options).load_table(options["table"])
 
 
 class BarrierSource(DataSource):

@@ -117,7 +117,7 @@ def commit_batch(
         key_filter,
     ):
         with step("write"):
-            added = write_data_files(rows, folder, table, log=log_target)
+            added = write_data_files(rows, folder, table, log_target=log_target)
         crash_point("after_write", batch_id)  # fault-injection tests only; a no-op otherwise
         if changes is None and not added:
             delete_folder(folder, table.io)

@@ -37,7 +37,7 @@ from pyspark.sql import DataFrame
 from spark_barrier.iceberg.native_write import why_not_native, write_natively
 from spark_barrier.log import LogTarget
 
-_log = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 # The one column each write task returns: a pickled DataFile per written file.
 _RESULT_SCHEMA = pa.schema([pa.field("data_file", pa.binary(), False)])
@@ -51,7 +51,7 @@ _MAX_CHUNK_BYTES = 128 * 1024 * 1024
 
 
 def write_data_files(
-    df: DataFrame, folder: str, table: Table, *, log: LogTarget | None = None
+    df: DataFrame, folder: str, table: Table, *, log_target: LogTarget | None = None
 ) -> list[DataFile]:
     """Write `df` as data files of `table` under the new `folder` (executors), and describe them.
 
@@ -60,28 +60,28 @@ def write_data_files(
     bytes and shorts widen to int), timestamps are written as micros. Partitioned
     tables get one file per partition value (and chunk) of each task, carrying its
     partition values. Returns one DataFile per written file; no file is empty, and no
-    rows reach the driver. With `log`, each task appends its rows to the table's log
+    rows reach the driver. With `log_target`, each task appends its rows to the table's log
     store before writing them (so Python workers write: Spark's writer has no such hook).
     """
     rows = df.select(*column_names(table))
-    reason = "the table has a log store" if log else why_not_native(rows, folder, table)
+    reason = "the table has a log store" if log_target else why_not_native(rows, folder, table)
     if reason is None:
         files = write_natively(rows, folder, table, *_file_system(folder, table.io))
     else:
-        _log.debug("%s: files written by Python workers (%s)", table.name(), reason)
-        files = _write_in_python_workers(rows, folder, table, log)
+        log.debug("%s: files written by Python workers (%s)", table.name(), reason)
+        files = _write_in_python_workers(rows, folder, table, log_target)
     return _of_default_spec(files, table)
 
 
 def _write_in_python_workers(
-    rows: DataFrame, folder: str, table: Table, log: LogTarget | None = None
+    rows: DataFrame, folder: str, table: Table, log_target: LogTarget | None = None
 ) -> list[DataFile]:
     write = functools.partial(
         _write_task,
         metadata_json=_writer_metadata(table, folder),
         io_properties=dict(table.io.properties),
         arrow_schema=schema_to_pyarrow(table.schema(), include_field_ids=False),
-        log=log,
+        log_target=log_target,
     )
     written = rows.mapInArrow(write, _RESULT_DDL).collect()
     return [_decode_data_file(row["data_file"]) for row in written]
@@ -146,15 +146,15 @@ def _write_task(
     metadata_json: str,
     io_properties: dict[str, str],
     arrow_schema: pa.Schema,
-    log: LogTarget | None = None,
+    log_target: LogTarget | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """One Spark task's part of `write_data_files` (runs on an executor)."""
     metadata = TableMetadataUtil.parse_raw(metadata_json)
     io = load_file_io(io_properties, metadata.location)
     write_uuid, counter = uuid.uuid4(), itertools.count()
     for chunk in _chunks(batches, arrow_schema, _chunk_bytes(metadata)):
-        if log is not None:
-            log.append(chunk)  # readers of the log see the rows before the commit
+        if log_target is not None:
+            log_target.append(chunk)  # readers of the log see the rows before the commit
         files = _dataframe_to_data_files(metadata, chunk, io, write_uuid, counter)
         encoded = [_encode_data_file(f) for f in files]
         yield pa.RecordBatch.from_arrays([pa.array(encoded, pa.binary())], schema=_RESULT_SCHEMA)
@@ -218,7 +218,7 @@ def delete_folder(folder: str, io: FileIO | None = None) -> None:
     except FileNotFoundError:
         pass  # no file was written into it: nothing to remove
     except (OSError, pa.ArrowException) as exc:
-        _log.warning("could not delete %s: %s", folder, exc)
+        log.warning("could not delete %s: %s", folder, exc)
 
 
 def _file_system(folder: str, io: FileIO | None) -> tuple[pafs.FileSystem, str]:
