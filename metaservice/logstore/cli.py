@@ -1,12 +1,12 @@
 """``metaservice log start`` (the standalone log service) and ``metaservice log status``.
 
-``status`` is a query command (the MetaService client and the log services' HTTP: base
-install plus pyarrow); ``start`` runs the server's code, imported inside the command.
+``status`` is a query command (the MetaService client only: the MetaService asks the log
+services); ``start`` runs the server's code, imported inside the command.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -19,10 +19,9 @@ from metaservice.cli_output import (
     TokenOption,
     UrlOption,
 )
-from metaservice.client import MetaServiceClient, MetaServiceError
-from metaservice.logstore.client import LogClient, LogError
+from metaservice.client import MetaServiceClient, MetaServiceError, NotFoundError
 from metaservice.logstore.store import DEFAULT_KEEP_BARRIERS, DEFAULT_MAX_BYTES
-from metaservice.topology.schemas import TableView
+from metaservice.topology.schemas import LogStatus, TableLogStatus
 
 app = typer.Typer(
     help="The log store: a low-latency, at-least-once copy of tables' newest rows "
@@ -116,22 +115,20 @@ def status(
     url: UrlOption = DEFAULT_URL,
     token: TokenOption = None,
 ) -> None:
-    """Show each table's log: mode, address, offsets held, memory and readers, from the
-    MetaService and the log services it names."""
+    """Show each table's log: mode, address, offsets held, memory and readers, as the
+    MetaService gets them from the log services it names (GET /api/v1/tables/{table}/log)."""
     out = Printer(output)
     try:
         with MetaServiceClient(url, token=token) as ms:
-            views = [ms.get_table(table)] if table else ms.all_tables()
+            if table:  # a table without a log: 404 no_log says how to enable one
+                logs = [ms.get_table_log(table)]
+            else:
+                named = [v.name for v in ms.all_tables() if v.log is not None]
+                logs = [found for name in named if (found := _log_of(ms, name)) is not None]
     except MetaServiceError as exc:
         raise fmt.fail(str(exc)) from None
-    logs = [_table_log(view) for view in views if view.log is not None]
     if out.json:
         return out.dump(logs)
-    if table and not logs:
-        raise fmt.fail(
-            f'table {table} has no log: enable it with register(..., log="embedded") in '
-            'its writing job, or run `metaservice log start` and register(..., log="external")'
-        )
     out.table(
         f"{len(logs)} table logs",
         ("table", "mode", "address", "epoch", "offsets held", "entries", "memory", "readers"),
@@ -139,43 +136,32 @@ def status(
     )
 
 
-def _table_log(view: TableView) -> dict[str, Any]:
-    """The table's registration and its log service's status (or why there is none)."""
-    assert view.log is not None
-    entry: dict[str, Any] = {
-        "table": view.name,
-        "log": view.log.model_dump(),
-        "status": None,
-        "error": None,
-    }
+def _log_of(ms: MetaServiceClient, table: str) -> TableLogStatus | None:
     try:
-        with LogClient(view.log.address, timeout=5.0) as client:
-            found = client.status(view.name)
-        entry["status"] = found[0] if found else None
-    except LogError as exc:
-        entry["error"] = str(exc)
-    return entry
+        return ms.get_table_log(table)
+    except NotFoundError:  # its log (or the table) went since the list was read
+        return None
 
 
-def _row(entry: dict[str, Any]) -> tuple[str, ...]:
-    log, found = entry["log"], entry["status"]
+def _row(entry: TableLogStatus) -> tuple[str, ...]:
+    found = entry.status
     if found is None:
-        problem = entry["error"] or "no status"
-        return (entry["table"], log["mode"], log["address"], "-", problem, "-", "-", "-")
+        problem = entry.error or "no status"
+        return (entry.table, entry.mode, entry.address, "-", problem, "-", "-", "-")
     return (
-        entry["table"],
-        log["mode"],
-        log["address"],
-        str(found["epoch"]),
+        entry.table,
+        entry.mode,
+        entry.address,
+        str(found.epoch),
         _offsets(found),
-        str(found["entries"]),
-        shown_bytes(found["bytes"]) + (" (over bound)" if found["over_bound"] else ""),
-        ", ".join(found["readers"]) or "-",
+        str(found.entries),
+        shown_bytes(found.bytes) + (" (over bound)" if found.over_bound else ""),
+        ", ".join(found.readers) or "-",
     )
 
 
-def _offsets(found: dict[str, Any]) -> str:
-    first, last = found["first"], found["last"]
+def _offsets(found: LogStatus) -> str:
+    first, last = found.first, found.last
     if first is None or last is None:
         return "empty"
-    return f"batch {first['batch_id']}..{last['batch_id']} (seq {first['seq']}..{last['seq']})"
+    return f"batch {first.batch_id}..{last.batch_id} (seq {first.seq}..{last.seq})"

@@ -14,6 +14,7 @@ from metaservice.topology.schemas import (
     JobView,
     SnapshotView,
     TableLogSpec,
+    TableLogStatus,
     TableView,
 )
 
@@ -94,6 +95,23 @@ def put_table_log(table: str, spec: TableLogSpec, s: Services = Depends(services
     """Publish the table's log store: its mode ('embedded' in the writing driver, or
     'external') and its service's address. Readers find the log here."""
     return s.db.write(lambda session: service.put_table_log(session, s.ctx, table, spec))
+
+
+@router.get(
+    "/tables/{table}/log",
+    response_model=TableLogStatus,
+    responses=error_responses(404),
+)
+def get_table_log(table: str, s: Services = Depends(services)) -> TableLogStatus:
+    """The table's log: its mode and address as published, and what its log service holds
+    now (epoch, entries, memory, first and last offsets, the last persisted batch,
+    readers), asked with a 2 s timeout. A log service that does not answer gives
+    ``reachable: false`` and the error. 404 ``not_found`` for an unknown table, 404
+    ``no_log`` for a table without a log (the message says how to enable one)."""
+    # The database is read and released first: the log service is asked without holding
+    # a connection (this runs in the thread pool, as every sync endpoint does).
+    log = s.db.read(lambda session: service.table_log(session, table))
+    return service.table_log_status(table, log)
 
 
 @router.delete(

@@ -59,6 +59,51 @@ class TableLogView(TableLogSpec):
     updated_ms: int = Field(description="When the writer last published it")
 
 
+class LogOffset(BaseModel):
+    barrier: int
+    batch_id: int
+    seq: int = Field(description="Given by the log; grows with every append to the table")
+
+
+class LogPersistedMark(BaseModel):
+    barrier: int
+    batch_id: int = Field(description="The newest batch marked committed")
+    snapshot_id: int
+    through_seq: int = Field(description="Every entry of the batch has a seq below this")
+
+
+class LogStatus(BaseModel):
+    """A table's log as its log service holds it now (the log service's ``GET /v1/status``)."""
+
+    epoch: int = Field(description="Changes when a writer restarts, or the log service does")
+    entries: int = Field(description="Entries held (one per record batch appended)")
+    bytes: int = Field(description="Memory the held rows take")
+    first: LogOffset | None = Field(description="The oldest entry held; None: empty")
+    last: LogOffset | None = Field(description="The newest entry held; None: empty")
+    persisted: LogPersistedMark | None = Field(
+        description="The newest batch committed to the table, as the writer marked it"
+    )
+    complete_after: int | None = Field(
+        description="Every entry of every batch after this batch is held; None: not known yet"
+    )
+    over_bound: bool = Field(
+        description="Rows not yet committed hold the log past its memory bound (they are kept)"
+    )
+    readers: list[str] = Field(description="Readers seen in the last minute")
+
+
+class TableLogStatus(TableLogView):
+    """``GET /tables/{table}/log``: where the table's log runs and, asked just now, what it
+    holds."""
+
+    table: str
+    reachable: bool = Field(
+        description="False: the log service did not answer (down, or its address is wrong)"
+    )
+    status: LogStatus | None = Field(description="None when the log service could not tell")
+    error: str | None = Field(description="Why there is no status")
+
+
 class TableView(BaseModel):
     name: str
     writer: str | None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import networkx as nx
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
@@ -11,7 +12,8 @@ from sqlalchemy.orm import Session
 from metaservice.barriers import frontiers as fr
 from metaservice.barriers import repository as barrier_repo
 from metaservice.context import Context
-from metaservice.errors import Conflict, Invalid
+from metaservice.errors import Conflict, Invalid, NotFound
+from metaservice.logstore.client import LogApiError, LogClient, LogUnavailable
 from metaservice.models import DERIVED, SOURCE, Commit, Job, JobInput, Table
 from metaservice.names import check_job_name, check_table_name
 from metaservice.schemas_common import Page
@@ -21,11 +23,18 @@ from metaservice.topology.schemas import (
     JobEvent,
     JobSpec,
     JobView,
+    LogStatus,
     SnapshotView,
     TableLogSpec,
+    TableLogStatus,
     TableLogView,
     TableView,
 )
+
+# How long asking a table's log service may take (to connect, and then to answer): a log
+# service that is down or hangs (the driver of an embedded one died) costs a console page
+# or `metaservice log status` about this, not a request timeout.
+LOG_STATUS_TIMEOUT_S = 2.0
 
 
 def put_job(session: Session, ctx: Context, name: str, spec: JobSpec) -> tuple[JobView, bool]:
@@ -306,6 +315,51 @@ def delete_table_log(session: Session, ctx: Context, name: str) -> TableView:
     table.log_mode = table.log_address = table.log_updated_ms = None
     session.flush()
     return get_table(session, ctx, name)
+
+
+def table_log(session: Session, name: str) -> TableLogView:
+    """Where the table's log runs, as its writer published it; 404 ``no_log`` when it has
+    none, saying how to give it one."""
+    view = _log_view(repo.require_table(session, name))
+    if view is None:
+        raise NotFound(
+            f"table '{name}' has no log. Enable it in the job that writes it: "
+            'register(..., log="embedded") runs one in its driver; or run '
+            '`metaservice log start --port P` and register(..., log="external", '
+            'log_url="http://host:P")',
+            field="table",
+            code="no_log",
+        )
+    return view
+
+
+def table_log_status(
+    name: str, log: TableLogView, *, timeout: float = LOG_STATUS_TIMEOUT_S
+) -> TableLogStatus:
+    """What the table's log service holds now. Called outside any database session: the
+    answer may take up to ``timeout``, and a connection is not held for it."""
+
+    def answer(
+        status: LogStatus | None, error: str | None, reachable: bool = True
+    ) -> TableLogStatus:
+        return TableLogStatus(
+            **log.model_dump(), table=name, reachable=reachable, status=status, error=error
+        )
+
+    try:
+        with LogClient(log.address, timeout=timeout) as client:
+            found = client.status(name)
+    except (LogUnavailable, httpx.HTTPError) as exc:  # refused, timed out, a 5xx
+        return answer(None, str(exc), reachable=False)
+    except LogApiError as exc:  # 404 log_table_unknown: its writer has not appended there
+        return answer(None, exc.message)
+    except (ValueError, KeyError, TypeError):
+        found = []  # not JSON of the log service: something else listens there
+    try:
+        return answer(LogStatus.model_validate(found[0]), None)
+    except (ValueError, IndexError):
+        # Not echoed: the body is whatever answers at an address a writer published.
+        return answer(None, f"{log.address} did not answer with a log status")
 
 
 def table_snapshots(

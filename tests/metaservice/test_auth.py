@@ -75,6 +75,7 @@ NEEDS: dict[tuple[str, str], Role] = {
     ("GET", "/api/v1/tables/{table}/retention"): Role.READER,
     ("PUT", "/api/v1/tables/{table}/retention"): Role.ADMIN,
     ("DELETE", "/api/v1/tables/{table}/retention"): Role.ADMIN,
+    ("GET", "/api/v1/tables/{table}/log"): Role.READER,  # asks the table's log service
     ("PUT", "/api/v1/tables/{table}/log"): Role.WRITER,
     ("DELETE", "/api/v1/tables/{table}/log"): Role.WRITER,
     ("POST", "/api/v1/commits"): Role.WRITER,

@@ -1,6 +1,7 @@
 """The log store (no Spark): the in-memory log's retention, epochs and positions; the log
 service over real HTTP on loopback; LogReader following a real Iceberg table (pyiceberg)
-from the log and from its snapshots; a table's log registered with the MetaService.
+from the log and from its snapshots; a table's log registered with the MetaService, and
+its status asked through the MetaService.
 
 The writer here is what the Spark side will do per micro-batch: append the rows to the
 log (in two parts, as two executors would), commit them to Iceberg stamped with the
@@ -12,8 +13,12 @@ from __future__ import annotations
 import logging
 import pickle
 import socket
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +40,11 @@ from metaservice.errors import Conflict, Invalid
 from metaservice.logstore import LogClient, LogNotEnabled, LogReader, LogWriter
 from metaservice.logstore.client import LogGoneError, LogResetError
 from metaservice.logstore.ipc import encode
-from metaservice.logstore.server import LogService
+from metaservice.logstore.server import LogService, status_json
 from metaservice.logstore.store import EpochChanged, LogGone, LogStore, TableLog
 from metaservice.settings import Settings
 from spark_barrier.iceberg.catalog import ensure_table, open_catalog
+from tests.faults.processes import free_port
 from tests.metaservice.helpers import API, T0, assert_error, put_job, unchanged
 from tests.metaservice.live_server import LiveServer
 
@@ -660,3 +666,146 @@ def test_a_reader_of_a_table_without_a_log_is_told_how_to_enable_it(
         reader = LogReader.from_metaservice(TABLE, ms, catalog=catalog, retry_log_seconds=0)
         pending = writer.batch(0, commit=False)
         assert ids_of(reader.poll()) == pending
+
+
+# -- a table's log status, asked through the MetaService ---------------------------------------
+
+STATUS_FIELDS = {
+    "epoch",
+    "entries",
+    "bytes",
+    "first",
+    "last",
+    "persisted",
+    "complete_after",
+    "over_bound",
+    "readers",
+}
+
+
+def test_a_table_log_status_is_what_its_log_service_holds(
+    client: TestClient, service: LogService
+) -> None:
+    put_job(client, "events", [TABLE])
+    spec = {"mode": "embedded", "address": service.url}
+    assert client.put(f"{API}/tables/{TABLE}/log", json=spec).status_code == 200
+    writer = LogWriter(service.url)
+    writer.reset(TABLE, after_batch_id=-1)
+    writer.append(TABLE, barrier=barrier_of(0), batch_id=0, rows=rows(1, 2))
+    writer.persisted(TABLE, barrier=barrier_of(0), batch_id=0, snapshot_id=500)
+    writer.append(TABLE, barrier=barrier_of(1), batch_id=1, rows=rows(3))
+    writer.append(TABLE, barrier=barrier_of(1), batch_id=1, rows=rows(4, 5))
+    with LogClient(service.url) as reader:
+        reader.read(TABLE, after_batch=-1, reader="dashboard")
+
+    response = client.get(f"{API}/tables/{TABLE}/log")
+
+    assert response.status_code == 200, response.text
+    body = response.json()
+    held = status_json(service.store.existing(TABLE).status())
+    assert set(body["status"]) == STATUS_FIELDS
+    assert body == {
+        **spec,
+        "updated_ms": T0,
+        "table": TABLE,
+        "reachable": True,
+        "error": None,
+        "status": {k: held[k] for k in STATUS_FIELDS},
+    }
+    status = body["status"]
+    assert status["entries"] == 3 and status["bytes"] > 0
+    assert status["first"] == {"barrier": barrier_of(0), "batch_id": 0, "seq": 1}
+    assert status["last"] == {"barrier": barrier_of(1), "batch_id": 1, "seq": 3}
+    assert status["persisted"] == {
+        "barrier": barrier_of(0),
+        "batch_id": 0,
+        "snapshot_id": 500,
+        "through_seq": 2,
+    }
+    assert status["complete_after"] == -1 and status["over_bound"] is False
+    assert status["readers"] == ["dashboard"]
+
+
+class Listening:
+    """A socket that takes connections and never answers (a log service that hangs)."""
+
+    def __enter__(self) -> str:
+        self.socket = socket.socket()
+        self.socket.bind(("127.0.0.1", 0))
+        self.socket.listen(8)
+        return f"http://127.0.0.1:{self.socket.getsockname()[1]}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.socket.close()
+
+
+@pytest.fixture
+def not_a_log_service(tmp_path: Path) -> Iterator[str]:
+    """A plain file server whose ``/v1/status`` is a text file: something else listens there."""
+    (tmp_path / "v1").mkdir()
+    (tmp_path / "v1" / "status").write_text("hello, I am not a log service")
+    handler = partial(QuietFiles, directory=str(tmp_path))
+    with ThreadingHTTPServer(("127.0.0.1", 0), handler) as files:
+        thread = threading.Thread(target=files.serve_forever, daemon=True)
+        thread.start()
+        yield f"http://127.0.0.1:{files.server_address[1]}"
+        files.shutdown()
+        thread.join(timeout=10)
+
+
+class QuietFiles(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_a_log_service_that_is_down_hangs_or_holds_nothing_is_shown_with_the_reason(
+    settings: Settings, clock: ManualClock, service: LogService, not_a_log_service: str
+) -> None:
+    tables = [TABLE, "dw.hangs", "dw.empty", "dw.other"]
+    down = f"http://127.0.0.1:{free_port()}"
+    with (
+        LiveServer(create_app(settings, clock)) as server,
+        MetaServiceClient(server.url) as ms,
+        Listening() as hanging,
+    ):
+        ms.put_job("events", outputs=tables)
+        ms.put_table_log(TABLE, mode="external", address=down)
+        ms.put_table_log("dw.hangs", mode="external", address=hanging)
+        ms.put_table_log("dw.empty", mode="embedded", address=service.url)
+        ms.put_table_log("dw.other", mode="external", address=not_a_log_service)
+
+        refused = ms.get_table_log(TABLE)
+        started = time.monotonic()
+        hung = ms.get_table_log("dw.hangs")
+        waited = time.monotonic() - started
+        empty = ms.get_table_log("dw.empty")
+        other = ms.get_table_log("dw.other")
+
+    assert (refused.table, refused.mode, refused.address) == (TABLE, "external", down)
+    assert refused.updated_ms == T0
+    assert refused.reachable is False and refused.status is None
+    assert refused.error is not None and f"{down} is unreachable" in refused.error
+    assert hung.reachable is False and hung.status is None and "unreachable" in str(hung.error)
+    assert 1.5 < waited < 8, waited  # the 2 s timeout, not the client's 10 s
+    # Reachable, but it holds nothing of the table: its writer has not appended there yet.
+    assert empty.reachable is True and empty.status is None
+    assert "holds no log of table dw.empty" in str(empty.error)
+    assert other.reachable is True and other.status is None
+    assert other.error == f"{not_a_log_service} did not answer with a log status"
+
+
+def test_the_log_of_an_unknown_table_is_404_and_of_a_table_without_one_says_how_to_enable_it(
+    client: TestClient, db_url: str
+) -> None:
+    put_job(client, "events", [TABLE])
+    with unchanged(db_url):
+        unknown = client.get(f"{API}/tables/dw.unknown/log")
+        none = client.get(f"{API}/tables/{TABLE}/log")
+    assert_error(unknown, 404, "not_found", "table")
+    message = assert_error(none, 404, "no_log", "table")["message"]
+    assert 'register(..., log="embedded")' in message and "metaservice log start" in message
+    spec = {"mode": "external", "address": f"http://127.0.0.1:{free_port()}"}
+    assert client.put(f"{API}/tables/{TABLE}/log", json=spec).status_code == 200
+    assert client.get(f"{API}/tables/{TABLE}/log").json()["reachable"] is False
+    assert client.delete(f"{API}/tables/{TABLE}/log").status_code == 200
+    assert_error(client.get(f"{API}/tables/{TABLE}/log"), 404, "no_log", "table")

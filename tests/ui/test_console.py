@@ -15,7 +15,9 @@ from metaservice.auth import service as auth_service
 from metaservice.auth.schemas import Role
 from metaservice.db import Database
 from metaservice.settings import Settings
-from tests.ui.conftest import Service
+from tests.faults.processes import free_port
+from tests.metaservice.helpers import put_job
+from tests.ui.conftest import START_MS, Service
 from tests.ui.topologies import warehouse, wide
 
 pytestmark = pytest.mark.browser
@@ -186,6 +188,80 @@ def test_a_thousand_tables_search_and_focus_on_a_neighbourhood(
     # Generous bounds for a loaded 2-core machine; the figures are printed for the record.
     print(f"1,000 tables: first paint {first_paint:.2f} s, focus {focus_render:.2f} s")
     assert first_paint < 10 and focus_render < 5
+
+
+def test_a_table_page_shows_its_log_as_its_log_service_holds_it_or_that_it_is_unreachable(
+    tmp_path: Path, page: Any
+) -> None:
+    """Real log services on loopback: one holding a committed and an uncommitted batch with
+    a reader, one over its memory bound, and an address nothing listens on."""
+    pa = pytest.importorskip("pyarrow")
+    from metaservice.logstore import LogClient, LogWriter
+    from metaservice.logstore.server import LogService
+    from metaservice.logstore.store import LogStore
+
+    sixty_four = pa.table({"id": list(range(64))})  # 512 bytes in memory
+    down = f"http://127.0.0.1:{free_port()}"
+    with (
+        Service(f"sqlite:///{tmp_path / 'metaservice.db'}") as svc,
+        LogService() as logs,
+        LogService(LogStore(max_bytes=256)) as small_logs,
+    ):
+        put_job(svc.http, "events", ["dw.orders", "dw.big", "dw.down", "dw.plain"])
+        for table, mode, address in [
+            ("dw.orders", "embedded", logs.url),
+            ("dw.big", "external", small_logs.url),
+            ("dw.down", "external", down),
+        ]:
+            r = svc.http.put(f"/api/v1/tables/{table}/log", json={"mode": mode, "address": address})
+            assert r.status_code == 200, r.text
+        writer = LogWriter(logs.url)
+        writer.reset("dw.orders", after_batch_id=-1)
+        writer.append("dw.orders", barrier=START_MS, batch_id=0, rows=sixty_four)
+        writer.persisted("dw.orders", barrier=START_MS, batch_id=0, snapshot_id=500)
+        for _ in range(2):  # two executors' parts of batch 1, not committed yet
+            writer.append("dw.orders", barrier=START_MS + 1000, batch_id=1, rows=sixty_four)
+        with LogClient(logs.url) as reader:
+            reader.read("dw.orders", after_batch=-1, reader="dashboard")
+        LogWriter(small_logs.url).append("dw.big", barrier=START_MS, batch_id=0, rows=sixty_four)
+
+        open_console(page, svc.url + "/ui/#/table/dw.orders")
+        page.wait_for_selector("[data-card='log'] [data-log-status]")
+        shown = page.inner_text("[data-card='log']")
+        assert "embedded" in shown and logs.url in shown
+        assert page.get_attribute("[data-log-entries]", "data-log-entries") == "3"
+        assert "1.5 KiB" in shown  # three entries of 512 bytes
+        assert "batch 0, seq 1 (barrier 2023-11-14T22:13:20Z)" in shown  # first offset
+        assert "batch 1, seq 3 (barrier 2023-11-14T22:13:21Z)" in shown  # last offset
+        assert "batch 0, snapshot 500" in shown  # persisted through
+        assert "dashboard" in shown
+        assert page.locator("[data-log-over-bound]").count() == 0
+        check_screenshot(page, tmp_path / "table-log.png")
+
+        page.goto(svc.url + "/ui/#/table/dw.big")
+        page.wait_for_selector("[data-card='log'] [data-log-over-bound]")
+        assert "over its memory bound" in page.inner_text("[data-card='log']")
+
+        page.goto(svc.url + "/ui/#/table/dw.down")
+        page.wait_for_selector("[data-card='log'] [data-log-unreachable]")
+        unreachable = page.inner_text("[data-card='log']")
+        assert "unreachable" in unreachable and down in unreachable
+        assert page.locator("[data-card='log'] [data-log-status]").count() == 0
+
+        page.goto(svc.url + "/ui/#/table/dw.plain")
+        page.wait_for_selector("[data-table-title='dw.plain']")
+        page.wait_for_selector("[data-card='snapshots']")
+        assert page.locator("[data-card='log']").count() == 0  # no log, no section
+
+        page.goto(svc.url + "/ui/#/tables")
+        page.wait_for_selector("#view-tables table.grid")
+        badges = page.locator("#view-tables [data-log]")
+        marked = {
+            badges.nth(i).evaluate("b => b.closest('td').querySelector('a').textContent")
+            for i in range(badges.count())
+        }
+        assert marked == {"dw.orders", "dw.big", "dw.down"}
+        assert "null" not in page.inner_text("#view-tables")  # an absent part is no text
 
 
 def test_with_auth_on_the_console_asks_for_a_token_once(tmp_path: Path, page: Any) -> None:

@@ -1,7 +1,8 @@
 /* The MetaService console: a single page over the REST API (/api/v1).
  *
  * Views (by the URL's hash): #/ the topology graph, #/focus/<table> its neighbourhood,
- * #/tables every table, #/table/<table> a table's page, #/revisions the revisions.
+ * #/tables every table, #/table/<table> a table's page (with its log, when it has one),
+ * #/revisions the revisions.
  * Everything is re-read from the API every POLL_MS while "live" is ticked. A bearer token,
  * when the service requires one, is asked for on the first 401 and kept in sessionStorage.
  */
@@ -53,6 +54,15 @@
     return h("span", { title: iso(ms) }, `${iso(ms)} (${duration(serverNow() - ms)} ago)`);
   }
   const clock = (ms) => `${new Date(ms).toISOString().slice(11, 19)}Z`;
+  /** 512 B, 1.5 KiB, 256 MiB (as `metaservice log status` prints sizes). */
+  function bytesText(n) {
+    let size = n;
+    for (const unit of ["B", "KiB", "MiB", "GiB"]) {
+      if (size < 1024 || unit === "GiB") return unit === "B" || size >= 10 ? `${Math.round(size)} ${unit}` : `${size.toFixed(1)} ${unit}`;
+      size /= 1024;
+    }
+    return `${n} B`;
+  }
   function hasData(t) {
     return t.latest_barrier !== null && t.latest_barrier !== undefined;
   }
@@ -67,6 +77,7 @@
     return h("span", { class: `badge ${lv}` }, lv === "nodata" ? "no data yet" : `delay ${duration(t.delay_ms)}`);
   }
   const tableLink = (name) => h("a", { href: `#/table/${enc(name)}`, "data-table-link": name }, name);
+  const logBadge = (log) => h("span", { class: "badge log", "data-log": log.mode, title: `${log.mode} log at ${log.address}` }, "log");
 
   // -- the API --------------------------------------------------------------------------------
 
@@ -413,7 +424,8 @@
         h("dt", {}, "readers"), h("dd", {}, t.readers.length ? t.readers.join(", ") : "–"),
         h("dt", {}, "frontier"), h("dd", {}, hasData(t) ? when(t.frontier) : "no data yet"),
         h("dt", {}, "last commit"), h("dd", {}, hasData(t) ? when(t.latest_barrier) : "–"),
-        h("dt", {}, "latest snapshot"), h("dd", {}, t.latest_snapshot ?? "–")),
+        h("dt", {}, "latest snapshot"), h("dd", {}, t.latest_snapshot ?? "–"),
+        t.log ? [h("dt", {}, "log"), h("dd", {}, `${t.log.mode} at ${t.log.address}`)] : null),
       h("p", {}, h("a", { href: `#/table/${enc(name)}`, id: "open-table" }, "Open the table's page →"),
         " · ", h("a", { href: `#/focus/${enc(name)}` }, "focus here")),
       h("h3", {}, "Critical path"),
@@ -503,7 +515,7 @@
       h("table", { class: "grid" },
         h("thead", {}, h("tr", {}, ["table", "delay", "frontier", "writer", "readers", "latest snapshot"].map((c) => h("th", {}, c)))),
         h("tbody", {}, rows.slice(0, 500).map((t) => h("tr", {},
-          h("td", {}, tableLink(t.name)), h("td", {}, delayBadge(t)),
+          h("td", {}, tableLink(t.name), t.log ? [" ", logBadge(t.log)] : null), h("td", {}, delayBadge(t)),
           h("td", {}, hasData(t) ? when(t.frontier) : "no data yet"), h("td", {}, t.writer || "–"),
           h("td", {}, t.readers.join(", ") || "–"), h("td", { class: "num" }, t.latest_snapshot ?? "–"))))),
       rows.length > 500 ? h("p", { class: "muted" }, `${rows.length - 500} more: filter to narrow down.`) : null);
@@ -528,7 +540,11 @@
     const name = tablePage.name;
     const view = $("view-table");
     const others = tablePage.consistentWith || [];
-    const [table, delay, snaps, consistent, leases, tags, plan, revisions] = await Promise.all([
+    // The log's status is asked only of a table that has a log (the MetaService asks its
+    // log service); the list read last says which do.
+    const logOf = () => optional(api(`/tables/${enc(name)}/log`));
+    const listed = state.tables.get(name);
+    const [table, delay, snaps, consistent, leases, tags, plan, revisions, listedLog] = await Promise.all([
       optional(api(`/tables/${enc(name)}`)),
       optional(api("/delay", { table: name })),
       optional(snapshotsNewestFirst(name, 100)),
@@ -537,7 +553,9 @@
       optional(api("/versions/tags", { table: name })),
       optional(api(`/tables/${enc(name)}/expirable`)),
       optional(all("/revisions")),
+      listed && listed.log ? logOf() : null,
     ]);
+    const log = table.ok && table.ok.log ? listedLog || await logOf() : null;
     const lineage = tablePage.lineageOf === null ? null
       : await optional(api(`/lineage/snapshots/${enc(name)}/${tablePage.lineageOf}`));
     if (tablePage.name !== name) return;
@@ -557,6 +575,7 @@
           h("dt", {}, "delay"), h("dd", {}, hasData(t) ? duration(t.delay_ms) : "–"),
           h("dt", {}, "last commit"), h("dd", {}, hasData(t) ? when(t.latest_barrier) : "–"),
           h("dt", {}, "latest snapshot"), h("dd", {}, t.latest_snapshot ?? "–"))),
+        log ? card("Log", logView(log), null, "log") : null,
         card("Critical path", delay.ok ? criticalPath(delay.ok) : failed(delay.error)),
         card(`Snapshots${snaps.ok ? ` (${snaps.ok.total}, newest first)` : ""}`, snaps.ok ? snapshotTable(snaps.ok) : failed(snaps.error), "wide", "snapshots"),
         card("Snapshot lineage", lineage ? (lineage.ok ? lineageView(lineage.ok) : failed(lineage.error))
@@ -572,6 +591,37 @@
     return h("div", { class: `card${extra ? ` ${extra}` : ""}`, "data-card": id || null }, h("h3", {}, title), body);
   }
   const failed = (e) => h("p", { class: "muted" }, e.message);
+
+  /** A table's log (a GET /tables/{table}/log answer): where it runs and what it holds now. */
+  function logView(res) {
+    if (res.error) return failed(res.error);
+    const l = res.ok;
+    const s = l.status;
+    const where = [
+      h("dt", {}, "mode"), h("dd", {}, l.mode),
+      h("dt", {}, "address"), h("dd", {}, h("code", {}, l.address)),
+      h("dt", {}, "published"), h("dd", {}, when(l.updated_ms)),
+    ];
+    if (!s) {
+      const problem = l.reachable
+        ? h("p", { class: "muted", "data-log-problem": "" }, l.error)
+        : h("p", { "data-log-unreachable": "" }, h("span", { class: "badge late" }, "unreachable"), " ", h("span", { class: "muted" }, l.error));
+      return h("div", {}, h("dl", { class: "facts" }, where), problem);
+    }
+    const offset = (o) => (o ? `batch ${o.batch_id}, seq ${o.seq} (barrier ${iso(o.barrier)})` : "–");
+    const p = s.persisted;
+    return h("div", {},
+      s.over_bound ? h("p", { class: "note warn", "data-log-over-bound": "" }, h("span", { class: "badge warn" }, "over its memory bound"),
+        " rows not yet committed hold more than the log's bound; they are kept, and the next commit frees them") : null,
+      h("dl", { class: "facts", "data-log-status": "" }, where,
+        h("dt", {}, "entries held"), h("dd", { "data-log-entries": s.entries }, s.entries ? `${s.entries}` : "none (empty)"),
+        h("dt", {}, "memory"), h("dd", { title: `${s.bytes} bytes` }, bytesText(s.bytes)),
+        h("dt", {}, "first offset"), h("dd", {}, offset(s.first)),
+        h("dt", {}, "last offset"), h("dd", {}, offset(s.last)),
+        h("dt", {}, "persisted through"), h("dd", {}, p ? `batch ${p.batch_id}, snapshot ${p.snapshot_id} (barrier ${iso(p.barrier)})` : "nothing committed yet"),
+        h("dt", {}, "readers"), h("dd", {}, s.readers.length ? s.readers.join(", ") : "none in the last minute"),
+        h("dt", {}, "epoch"), h("dd", {}, s.epoch)));
+  }
 
   function snapshotTable(snaps) {
     if (!snaps.items.length) return h("p", { class: "muted" }, "no snapshots yet");
@@ -684,10 +734,11 @@
     for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.nav === view);
   }
 
-  /** Replace a view's content, keeping the scroll position of its scrolled boxes. */
+  /** Replace a view's content (null children skipped), keeping the scroll position of its
+   * scrolled boxes. */
   function replaceView(view, ...children) {
     const kept = [...view.querySelectorAll(".scroll")].map((el) => el.scrollTop);
-    view.replaceChildren(...children);
+    view.replaceChildren(...children.filter((c) => c !== null && c !== undefined));
     view.querySelectorAll(".scroll").forEach((el, i) => { if (kept[i]) el.scrollTop = kept[i]; });
   }
 
