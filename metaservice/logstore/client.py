@@ -173,9 +173,11 @@ class LogWriter(_Http):
         body = {"barrier": barrier, "batch_id": batch_id, "snapshot_id": snapshot_id}
         self._send("POST", f"/tables/{table}/persisted", json=body)
 
-    def reset(self, table: str, *, after_batch_id: int) -> int:
+    def reset(self, table: str, *, after_batch_id: int | None) -> int:
         """The writer restarts after its last committed batch (-1: none): the log drops what
-        it holds past it; returns the new epoch."""
+        it holds past it; returns the new epoch. None: the table's history restarts (the
+        MetaService, at a revision swap): the log drops everything and forgets the
+        persisted marks (404 ``log_table_unknown`` when it holds nothing of the table)."""
         response = self._send(
             "POST", f"/tables/{table}/reset", json={"after_batch_id": after_batch_id}
         )

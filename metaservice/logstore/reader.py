@@ -16,6 +16,14 @@ snapshot it had in full, so rows it got from the log after that come again (dupl
 never a gap). Rows carry ``_log_barrier`` and ``_log_batch``; ``_log_seq`` is null for
 rows read from snapshots.
 
+A reader made by :meth:`LogReader.from_metaservice` follows the log the table's writer
+published: it asks the MetaService where that is while the log is down, after a reset,
+and every ``check_log_seconds`` while it follows it. A new address (a restarted
+writer's) is followed from the reader's committed snapshot; no log at all (a revision
+swapped another table in under the name, and nothing logs it until its writer registers
+again) leaves the log service it followed, so it never reads the replaced table's rows
+there, and it reads the table's snapshots until a log is published again.
+
     >>> reader = LogReader("dw.orders", catalog=catalog, log_url=url)   # doctest: +SKIP
     >>> for rows in reader.follow():                                     # doctest: +SKIP
     ...     show(rows)
@@ -78,6 +86,10 @@ class LogReader:
     ``start="latest"`` delivers what is committed after the table's current snapshot (and
     what the log holds past it); ``"earliest"`` delivers the table's current state first.
     ``load_table`` (default: ``catalog.load_table``) gives the pyiceberg table.
+    ``resolve`` (given by :meth:`from_metaservice`) answers where the table's log is now
+    (:class:`LogNotEnabled`: nowhere); it is asked every ``check_log_seconds`` while the
+    reader follows the log, and every ``retry_log_seconds`` while the log is down or
+    there is none.
     """
 
     def __init__(
@@ -93,6 +105,7 @@ class LogReader:
         retry_log_seconds: float = 2.0,
         timeout: float = 10.0,
         resolve: Callable[[], str] | None = None,
+        check_log_seconds: float = 10.0,
     ) -> None:
         if load_table is None:
             if catalog is None:
@@ -107,6 +120,8 @@ class LogReader:
         self._timeout = timeout
         self._max_bytes = max_bytes
         self._retry_log_seconds = retry_log_seconds
+        self._check_log_seconds = check_log_seconds
+        self._check_at = time.monotonic() + check_log_seconds  # when to ask resolve next
         # The position: the newest snapshot (and batch) delivered in full...
         self.committed_snapshot: int | None = None
         self.committed_batch: int | None = None
@@ -124,8 +139,10 @@ class LogReader:
         cls, table: str, metaservice: MetaServiceClient, **kwargs: object
     ) -> LogReader:
         """A reader of the log the table's writer registered (:class:`LogNotEnabled` when
-        it has none). While the log is down it asks ``metaservice`` (keep it open) where
-        the log is, so it follows a restarted writer's new log service."""
+        it has none). It asks ``metaservice`` (keep it open) where the log is while the log
+        is down, after a reset and every ``check_log_seconds``, so it follows a restarted
+        writer's new log service, and leaves a log that is no longer published (a
+        revision swap) for the table's snapshots."""
         return cls(
             table,
             log_url=log_address(metaservice, table),
@@ -140,9 +157,10 @@ class LogReader:
     # -- following ------------------------------------------------------------------
     def poll(self) -> pa.Table | None:
         """The rows that are new since the last poll (None when nothing is)."""
-        if self._log is not None and time.monotonic() >= self._retry_log_at:
-            if self._log_down_since is not None:
-                self._follow_new_address()
+        now = time.monotonic()
+        if self._resolve is not None and now >= self._check_at:
+            self._check_address(now)
+        if self._log is not None and now >= self._retry_log_at:
             rows = self._read_log()
             if self.source == "log":
                 return rows
@@ -188,6 +206,9 @@ class LogReader:
             # Gone, reset, or nothing of the table here yet: the snapshots have the rows.
             if self.source == "log":
                 log.info("log reader of %s: %s; reading its snapshots", self.table, exc.message)
+            if isinstance(exc, LogResetError):
+                # A reset: a restarted writer, or a swap that un-published the log.
+                self._check_at = min(self._check_at, time.monotonic() + self._retry_log_seconds)
             self._log_up()
             self._leave_log()
             return None
@@ -224,20 +245,41 @@ class LogReader:
             )
             self._log_down_since = time.monotonic()
         self._retry_log_at = time.monotonic() + self._retry_log_seconds
+        self._check_at = min(self._check_at, self._retry_log_at)
         self._leave_log()
 
-    def _follow_new_address(self) -> None:
-        if self._resolve is None or self._log is None:
-            return
+    def _check_address(self, now: float) -> None:
+        """Follow the log the table's writer published now: a new address, or none."""
+        assert self._resolve is not None
         try:
-            address = self._resolve()
+            address: str | None = self._resolve()
+        except LogNotEnabled:
+            address = None
         except Exception as exc:  # the MetaService down too: keep the address we have
             log.debug("log reader of %s could not look up its log: %s", self.table, exc)
+            self._check_at = now + self._retry_log_seconds
             return
-        if address.rstrip("/") != self._log.url.rstrip("/"):
-            log.info("log of %s moved to %s", self.table, address)
+        following = address is not None and self._log_down_since is None
+        self._check_at = now + (self._check_log_seconds if following else self._retry_log_seconds)
+        current = None if self._log is None else self._log.url
+        if address is not None and current is not None and _same(address, current):
+            return
+        if self._log is not None:
             self._log.close()
-            self._log = LogClient(address, timeout=self._timeout)
+            self._log = None
+        # Back to the committed snapshot: a position in one log means nothing in another.
+        self._leave_log()
+        if address is None:
+            if current is not None:
+                log.info(
+                    "table %s has no log published any more; reading its snapshots until "
+                    "its writer publishes one",
+                    self.table,
+                )
+            return
+        log.info("log of %s is at %s", self.table, address)
+        self._log = LogClient(address, timeout=self._timeout)
+        self._retry_log_at = now
 
     def _log_up(self) -> None:
         if self._log_down_since is not None:
@@ -285,6 +327,10 @@ class LogReader:
             return self._load_table(self.table)
         except (NoSuchTableError, NoSuchNamespaceError):
             return None
+
+
+def _same(address: str, other: str) -> bool:
+    return address.rstrip("/") == other.rstrip("/")
 
 
 def _batch_or_none(batch: int | None) -> int:

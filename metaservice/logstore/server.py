@@ -8,6 +8,8 @@ Routes (prefix ``/v1``; errors are JSON ``{"code", "message", "field"}``; bad in
 POST    ``/tables/{table}/entries?barrier&batch_id``  append rows (body: Arrow IPC stream)
 POST    ``/tables/{table}/persisted``                 ``{"barrier","batch_id","snapshot_id"}``
 POST    ``/tables/{table}/reset``                     ``{"after_batch_id"}``: drop past it, new epoch
+                                                      (null: drop all, forget the marks; 404
+                                                      ``log_table_unknown`` when none held)
 GET     ``/tables/{table}/entries``                   ``after_seq&epoch`` or ``after_batch``; rows
                                                       as Arrow IPC with offset columns; 410
                                                       ``log_gone``, 409 ``log_reset``
@@ -69,7 +71,12 @@ class PersistedBody(BaseModel):
 class ResetBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    after_batch_id: int = Field(ge=-1, le=MAX_SIGNED_64, description="-1: nothing committed")
+    after_batch_id: int | None = Field(
+        ge=-1,
+        le=MAX_SIGNED_64,
+        description="-1: nothing committed; null: the table's history restarts (a "
+        "revision swap): drop everything and forget the persisted marks",
+    )
 
 
 def create_log_app(store: LogStore) -> Starlette:
@@ -107,7 +114,9 @@ def create_log_app(store: LogStore) -> Starlette:
     async def reset(request: Request) -> Response:
         table = _table(request)
         body = _json_body(await request.body(), ResetBody)
-        return JSONResponse({"epoch": store.table(table).reset(body.after_batch_id)})
+        # A writer's reset makes the table's log; with none there is no history to drop.
+        table_log = store.existing(table) if body.after_batch_id is None else store.table(table)
+        return JSONResponse({"epoch": table_log.reset(body.after_batch_id)})
 
     async def read(request: Request) -> Response:
         table_log = store.existing(_table(request))

@@ -28,8 +28,10 @@ them and reports ``over_bound`` in its status (and logs one warning per excursio
 **Epoch.** ``reset(after_batch_id)`` (a writer restarting from its last committed
 batch) drops every entry past that batch and bumps the epoch: a reader following the
 old epoch gets :class:`EpochChanged` and re-reads from its last committed snapshot
-(duplicates, never a gap). A new store starts at an epoch taken from the clock, so a
-restarted log service never repeats an epoch its readers knew.
+(duplicates, never a gap). ``reset(None)`` (a revision swap: the table's history
+restarts) drops everything and forgets the persisted marks too. A new store starts at
+an epoch taken from the clock, so a restarted log service never repeats an epoch its
+readers knew.
 """
 
 from __future__ import annotations
@@ -195,9 +197,15 @@ class TableLog:
             self._retain()
             return mark
 
-    def reset(self, after_batch_id: int) -> int:
+    def reset(self, after_batch_id: int | None) -> int:
         """A writer restarts after its last committed batch: drop what is past it and bump
-        the epoch (returned). Readers of the old epoch re-read from their last snapshot."""
+        the epoch (returned). Readers of the old epoch re-read from their last snapshot.
+
+        ``None``: the table's history restarts (a revision swapped another table in under
+        its name): drop every entry, forget the persisted marks (the next writer's batch
+        ids are its own) and hold nothing in full until that writer's reset."""
+        if after_batch_id is None:
+            return self._restart()
         with self._lock:
             kept = deque(e for e in self._entries if e.batch_id <= after_batch_id)
             self._entries = kept
@@ -212,6 +220,17 @@ class TableLog:
             log.info(
                 "log of %s reset after batch %d: epoch %d", self.name, after_batch_id, self.epoch
             )
+            return self.epoch
+
+    def _restart(self) -> int:
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0
+            self._marks.clear()
+            self.complete_after = None
+            self.epoch += 1
+            self._over_bound = False
+            log.info("log of %s reset with no batch kept: epoch %d", self.name, self.epoch)
             return self.epoch
 
     # -- reading --------------------------------------------------------------------

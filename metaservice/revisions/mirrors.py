@@ -33,7 +33,7 @@ from metaservice.context import Context
 from metaservice.db import Database, normalise_url
 from metaservice.errors import Conflict, ServiceError
 from metaservice.lifecycle.expiry import CatalogLoader, CatalogUnavailable, open_catalog
-from metaservice.revisions import service
+from metaservice.revisions import replaced_logs, service
 from metaservice.revisions.schemas import RevisionRequest, RevisionView
 from metaservice.settings import Settings
 
@@ -214,6 +214,9 @@ def swap_revision(
     4. Any other catalog is renamed through pyiceberg right after that commit: until it
        is, a reader loading a table by name may get the original's metadata and then a
        snapshot the MetaService no longer names for it (an error, never a mix).
+    5. The log services that held the originals or the mirrors (their logs were
+       un-published in 3) drop those rows and move to a new epoch
+       (``revisions.replaced_logs``; best effort, one warning for a log service down).
     """
     db.read(lambda session: service.get_revision(session, ctx, revision_id))  # 404 first
     in_catalog = catalog_in_database(ctx.settings)
@@ -233,10 +236,14 @@ def swap_revision(
                 )
             )
             if done is not None:
-                swapped, renames = done
-                if catalog is not None:
-                    _rename_in(catalog, revision_id, renames)
-                return swapped
+                try:
+                    if catalog is not None:
+                        _rename_in(catalog, revision_id, done.renames)
+                finally:
+                    # after the renames: a reader the reset sends to the snapshots loads
+                    # the swapped-in table by its name
+                    replaced_logs.drop_replaced(revision_id, done.logs)
+                return done.view
             if time.monotonic() >= deadline:
                 return db.read(lambda session: service.get_revision(session, ctx, revision_id))
             time.sleep(SWAP_POLL_SECONDS)

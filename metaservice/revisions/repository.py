@@ -291,6 +291,28 @@ def rename_table(session: Session, table_id: int, name: str) -> None:
     session.flush()
 
 
+def unpublish_logs(session: Session, table_ids: Sequence[int]) -> dict[int, str]:
+    """Take the tables' published logs off them; returns the addresses they had (by table
+    id, only those that had one)."""
+    found = {
+        table_id: address
+        for table_id, address in session.execute(
+            select(Table.id, Table.log_address).where(
+                Table.id.in_(table_ids), Table.log_address.is_not(None)
+            )
+        )
+        if address is not None
+    }
+    if found:
+        session.execute(
+            update(Table)
+            .where(Table.id.in_(sorted(found)))
+            .values(log_mode=None, log_address=None, log_updated_ms=None)
+            .execution_options(synchronize_session=False)
+        )
+    return found
+
+
 def set_frontiers(session: Session, revision_id: int, frontiers: dict[int, int]) -> None:
     """Record each mirror's frontier (by its original's table id) at the swap."""
     for table_id, frontier in frontiers.items():

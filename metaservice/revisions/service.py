@@ -546,9 +546,28 @@ class Renamed:
     pre: str
 
 
+@dataclass(frozen=True)
+class ReplacedLog:
+    """A log service that holds rows of a swapped table's replaced lineage under the name
+    ``table``: the original's (``t``) or the mirror's before the swap (``t__rev<id>``)."""
+
+    table: str
+    address: str
+
+
+@dataclass(frozen=True)
+class Swapped:
+    """A finished swap: the revision, the renames (for a catalog outside this database)
+    and the logs to drop (none when the swap was finished before)."""
+
+    view: RevisionView
+    renames: list[Renamed]
+    logs: list[ReplacedLog]
+
+
 def finish_swap(
     session: Session, ctx: Context, revision_id: int, *, in_catalog: str | None
-) -> tuple[RevisionView, list[Renamed]] | None:
+) -> Swapped | None:
     """The swap itself, in this write transaction, once every mirror has reached its
     frozen original and no original writer has a batch open; None while they have not.
 
@@ -556,7 +575,13 @@ def finish_swap(
     ``t``), so the revision jobs write the tables by their names from the commit on, and a
     consistent version resolves the names all before or all after it. ``in_catalog``: the
     name of a SQL catalog in this database, whose tables are renamed in this same
-    transaction. Returns the swapped revision and the renames (for another catalog)."""
+    transaction.
+
+    The logs published for the originals and the mirrors are un-published in the same
+    transaction: what they hold is the replaced lineage (or the mirror's rows under a
+    name that is gone), and nothing logs the swapped tables until their writers register
+    again and publish. Their addresses are returned for the caller to drop those rows
+    (``revisions.replaced_logs``) once this has committed."""
     revision = repo.lock(session, revision_id)
     if revision is None:
         raise _unknown(revision_id)
@@ -565,7 +590,8 @@ def finish_swap(
         Renamed(a.table, a.mirror, pre_revision_name(a.table, revision_id)) for a in affected
     ]
     if revision.state == SWAPPED:
-        return view(session, ctx, revision), renames
+        # the logs were un-published by the swap: any published since is a new writer's
+        return Swapped(view(session, ctx, revision), renames, [])
     if revision.state != SWAPPING:
         raise Conflict(
             f"revision {revision_id} was cancelled while it was being swapped; its original "
@@ -588,6 +614,15 @@ def finish_swap(
     lease_repo.lock_tables(
         session, [a.table_id for a in affected] + [t.id for t in mirrors.values()], exclusive=True
     )
+    published = repo.unpublish_logs(
+        session, [a.table_id for a in affected] + [t.id for t in mirrors.values()]
+    )
+    logs = [
+        ReplacedLog(name, published[table_id])
+        for a in affected
+        for name, table_id in ((a.table, a.table_id), (a.mirror, mirrors[a.mirror].id))
+        if table_id in published
+    ]
     for a, r in zip(affected, renames, strict=True):
         repo.rename_table(session, a.table_id, r.pre)
     for a in affected:
@@ -599,7 +634,7 @@ def finish_swap(
     topo.bump_topology_version(session)  # the graph names the tables
     session.flush()
     session.refresh(revision)
-    return view(session, ctx, revision), renames
+    return Swapped(view(session, ctx, revision), renames, logs)
 
 
 def _lock_jobs(
