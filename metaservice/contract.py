@@ -1,6 +1,6 @@
 """What the MetaService and the jobs writing Iceberg tables agree on, outside the HTTP API.
 
-Two facts, each written down once and imported by both sides:
+Three facts, each written down once and imported by both sides:
 
 - **The snapshot stamp.** Every snapshot a barrier job commits carries its barrier,
   its job, its batch id and (when known) its Spark query id in the snapshot summary,
@@ -8,6 +8,10 @@ Two facts, each written down once and imported by both sides:
   and ``metaservice.query``. The job writes it (:func:`encode_stamp`); replay
   detection, reads at a barrier and ``metaservice reconcile`` read it back
   (:func:`parse_stamp`).
+- **The log files a snapshot owns.** Rows a table's log store spilled to files for a
+  batch are listed in that batch's snapshot summary under ``metaservice.log-files``
+  (:func:`encode_log_files`); expiring the snapshot deletes them
+  (:func:`parse_log_files`).
 - **The barrier grid.** A barrier is the start, in epoch milliseconds, of one slot
   of the barrier clock: a multiple of the slot width (:func:`slot_of`,
   :func:`on_grid`).
@@ -31,10 +35,13 @@ __all__ = [
     "SUMMARY_BARRIER",
     "SUMMARY_BATCH",
     "SUMMARY_JOB",
+    "SUMMARY_LOG_FILES",
     "SUMMARY_QUERY",
     "Stamp",
+    "encode_log_files",
     "encode_stamp",
     "on_grid",
+    "parse_log_files",
     "parse_stamp",
     "slot_of",
 ]
@@ -43,6 +50,7 @@ SUMMARY_BARRIER = "metaservice.barrier"
 SUMMARY_JOB = "metaservice.job"
 SUMMARY_BATCH = "metaservice.batch"
 SUMMARY_QUERY = "metaservice.query"
+SUMMARY_LOG_FILES = "metaservice.log-files"
 
 
 class Stamp(NamedTuple):
@@ -82,6 +90,17 @@ def _integer(key: str, raw: str) -> int:
         return int(raw)
     except ValueError:
         raise ValueError(f"malformed stamp: {key}={raw!r} is not an integer") from None
+
+
+def encode_log_files(paths: list[str]) -> dict[str, str]:
+    """The summary property listing a batch's spilled log files (none: no property)."""
+    return {SUMMARY_LOG_FILES: ",".join(paths)} if paths else {}
+
+
+def parse_log_files(summary: Mapping[str, str] | None) -> list[str]:
+    """The spilled log files a snapshot summary lists (its expiry deletes them)."""
+    raw = (summary or {}).get(SUMMARY_LOG_FILES) or ""  # a Summary ignores a default
+    return [path for path in raw.split(",") if path]
 
 
 def slot_of(ms: int, interval_ms: int) -> int:

@@ -913,7 +913,13 @@ def register(
     job_log = open_job_log(spark, log_mode, log_url)
     if job_log is not None:
         try:
-            job_log.open(client, job, output_names, client.get_job(job).last_batch_id)
+            job_log.open(
+                client,
+                job,
+                {name: catalog.load_table(name) for name in output_names},
+                client.get_job(job).last_batch_id,
+                properties,
+            )
         except Exception:
             job_log.close()
             raise

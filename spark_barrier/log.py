@@ -11,7 +11,14 @@ never a gap).
 
 Each batch's rows go to the log from the executors' write tasks, chunk by chunk, just
 before each chunk's data file is written (:class:`LogTarget`); the driver marks the
-batch persisted once its snapshot is committed. The log is best effort for writers: a
+batch persisted once its snapshot is committed.
+
+An embedded log holds each table's rows within the table's
+``spark-barrier.log.max-bytes`` (default 256 MiB) and keeps
+``spark-barrier.log.keep-barriers`` persisted barriers (default 2). Rows past the bound
+that no snapshot holds yet are spilled to Arrow files under ``<table location>/log/``;
+the driver lists a batch's spilled files in its snapshot's summary right before the
+commit (:meth:`LogTarget.claim_spilled`), and expiring that snapshot deletes them. The log is best effort for writers: a
 log service that is down costs one warning per task, and the batch commits anyway;
 readers then fall back to the table's snapshots. What goes to the log is the rows the
 batch writes (appends, and the new images of upserts and CDC changes); deletes and the
@@ -26,7 +33,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     import pyarrow as pa
+    from pyiceberg.table import Table
     from pyspark.sql import SparkSession
 
     from metaservice.client import MetaServiceClient
@@ -40,6 +50,11 @@ LOG_MODES = ("embedded", "external")
 # The log service's answer to an append of a batch it already holds as persisted (a
 # replayed batch): its rows are in the table, so there is nothing to add.
 _ALREADY_PERSISTED = "log_batch_persisted"
+
+# Table properties an embedded log reads (an external one takes its own options).
+MAX_BYTES_PROPERTY = "spark-barrier.log.max-bytes"
+KEEP_BARRIERS_PROPERTY = "spark-barrier.log.keep-barriers"
+SPILL_FOLDER = "log"  # under the table's location
 
 
 @dataclass(frozen=True)
@@ -68,6 +83,23 @@ class LogTarget:
                 self.table, self.url, self.batch_id, exc,
             )  # fmt: skip
 
+    def claim_spilled(self) -> list[str]:
+        """The files the log spilled this batch's rows to, for the snapshot summary (on
+        the driver, right before the commit). [] when the log cannot say: it then
+        deletes those files itself when it lets the batch go."""
+        from metaservice.logstore import LogError, LogWriter
+
+        try:
+            with LogWriter(self.url) as writer:
+                files: list[str] = writer.claim_spilled(self.table, batch_id=self.batch_id)
+                return files
+        except LogError as exc:
+            log.warning(
+                "could not ask the log of %s for batch %d's spilled files: %s",
+                self.table, self.batch_id, exc,
+            )  # fmt: skip
+            return []
+
 
 class JobLog:
     """The log of a job's outputs, on the driver: publish, reset, persisted marks."""
@@ -84,13 +116,22 @@ class JobLog:
         return LogTarget(self.url, table, barrier, batch_id)
 
     def open(
-        self, client: MetaServiceClient, job: str, tables: list[str], last_batch: int | None
+        self,
+        client: MetaServiceClient,
+        job: str,
+        tables: Mapping[str, Table],
+        last_batch: int | None,
+        io_properties: Mapping[str, str],
     ) -> None:
-        """Publish the log for ``tables`` and reset each to the job's last committed batch."""
-        for table in tables:
-            self._writer.reset(table, after_batch_id=-1 if last_batch is None else last_batch)
-            client.put_table_log(table, mode=self.mode, address=self.url)
-        log.info("job '%s' logs %s to %s (%s)", job, tables, self.url, self.mode)
+        """Publish the log for ``tables`` and reset each to the job's last committed batch;
+        an embedded log also takes each table's bound and spill folder (in this process:
+        the catalog's properties never go over the wire)."""
+        for name, table in tables.items():
+            if self._embedded is not None:
+                _configure(self._embedded, name, table, io_properties)
+            self._writer.reset(name, after_batch_id=-1 if last_batch is None else last_batch)
+            client.put_table_log(name, mode=self.mode, address=self.url)
+        log.info("job '%s' logs %s to %s (%s)", job, sorted(tables), self.url, self.mode)
 
     def persisted(self, table: str, barrier: int, batch_id: int, snapshot_id: int) -> None:
         """The batch is committed as ``snapshot_id``: the log may let its rows go."""
@@ -110,6 +151,35 @@ class JobLog:
         if self._embedded is not None:
             _release_embedded(self._embedded)
             self._embedded = None
+
+
+def _configure(
+    service: LogService, name: str, table: Table, io_properties: Mapping[str, str]
+) -> None:
+    from spark_barrier.job import BarrierConfigError
+
+    def number(key: str) -> int | None:
+        raw = table.properties.get(key)
+        if raw is None:
+            return None
+        try:
+            value = int(raw)
+        except ValueError:
+            value = -1
+        if value < 0:
+            raise BarrierConfigError(
+                f"table {name}: property {key}={raw!r} is not a whole number >= 0; fix it "
+                "with ALTER TABLE ... SET TBLPROPERTIES or pyiceberg's set_properties"
+            )
+        return value
+
+    service.store.configure(
+        name,
+        max_bytes=number(MAX_BYTES_PROPERTY),
+        keep_barriers=number(KEEP_BARRIERS_PROPERTY),
+        spill_folder=f"{table.location().rstrip('/')}/{SPILL_FOLDER}",
+        spill_properties=dict(io_properties),
+    )
 
 
 def check_log_options(mode: str | None, url: str | None, *, job: str) -> None:

@@ -10,7 +10,8 @@ and the data and delete files live in them), minus every file a snapshot still i
 table reaches, read from the metadata committed by the removal itself. Branch and tag
 heads stay in the table, so whatever a ref uses is never deleted. A file is *live* in a
 manifest when its entry is ADDED or EXISTING: a DELETED entry records that the snapshot
-no longer has the file.
+no longer has the file. A snapshot also reaches the log-store files its summary lists
+(``metaservice.log-files``: rows its batch's log spilled), which only it owns.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pyiceberg.table.update import AssertTableUUID, RemoveSnapshotsUpdate
 from sqlalchemy import inspect
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
+from metaservice.contract import parse_log_files
 from metaservice.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -39,7 +41,7 @@ CATALOG_NAME = "metaservice"
 # before the expiry gives up (the reservation stands; the next run retries).
 COMMIT_ATTEMPTS = 5
 
-FileKind = Literal["data", "deletes", "manifest", "manifest_list"]
+FileKind = Literal["data", "deletes", "manifest", "manifest_list", "log"]
 
 
 def load_catalog(settings: Settings) -> Catalog:
@@ -121,8 +123,8 @@ class Snapshots:
         return heads
 
     def files(self, snapshot_ids: Iterable[int]) -> dict[str, TableFile]:
-        """Every file the snapshots reach, by path. Manifest lists are not sized here
-        (``bytes`` 0: sizing one is a request to the store; see :meth:`sized`)."""
+        """Every file the snapshots reach, by path. Manifest lists and log files are not
+        sized here (``bytes`` 0: sizing one is a request to the store; see :meth:`sized`)."""
         found: dict[str, TableFile] = {}
         for snapshot_id in snapshot_ids:
             snapshot = self.table.metadata.snapshot_by_id(snapshot_id)
@@ -130,6 +132,8 @@ class Snapshots:
                 continue
             listing = snapshot.manifest_list
             found.setdefault(listing, TableFile(listing, "manifest_list", 0))
+            for path in parse_log_files(snapshot.summary):
+                found.setdefault(path, TableFile(path, "log", 0))
             for manifest in snapshot.manifests(self.io):
                 path = manifest.manifest_path
                 found.setdefault(path, TableFile(path, "manifest", manifest.manifest_length))
@@ -151,8 +155,9 @@ class Snapshots:
         return self._entries[path]
 
     def sized(self, f: TableFile) -> TableFile:
-        """``f`` with its size, for a manifest list (whose size no metadata records)."""
-        if f.kind != "manifest_list":
+        """``f`` with its size, for a manifest list or a log file (whose size no metadata
+        records)."""
+        if f.kind not in ("manifest_list", "log"):
             return f
         try:
             return replace(f, bytes=len(self.io.new_input(f.path)))
@@ -184,7 +189,7 @@ def unused_files(before: Snapshots, removed: Collection[int], after: Snapshots) 
         for path, f in before.files(removed).items()
         if path not in live and own(path)
     ]
-    order = {"data": 0, "deletes": 1, "manifest": 2, "manifest_list": 3}
+    order = {"data": 0, "deletes": 1, "log": 2, "manifest": 3, "manifest_list": 4}
     return sorted(doomed, key=lambda f: (order[f.kind], f.path))
 
 

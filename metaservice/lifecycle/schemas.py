@@ -77,7 +77,9 @@ class ExpireRequest(BaseModel):
 
 class RemovedFile(BaseModel):
     path: str
-    kind: Literal["data", "deletes", "manifest", "manifest_list"]
+    kind: Literal["data", "deletes", "manifest", "manifest_list", "log"] = Field(
+        description="log: rows the table's log store spilled for the snapshot's batch"
+    )
     bytes: int
 
 

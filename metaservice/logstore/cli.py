@@ -79,10 +79,31 @@ def start(
             "--max-bytes",
             parser=parse_bytes,
             metavar="SIZE",
-            help="Memory bound per table, e.g. 256M: the oldest persisted rows go first "
-            "(rows not yet persisted are kept, and reported as over the bound)",
+            help="Memory bound per table, e.g. 256M: the oldest persisted rows go first; "
+            "rows not yet persisted are spilled to --spill-dir, or kept and reported as "
+            "over the bound",
         ),
     ] = DEFAULT_MAX_BYTES,
+    spill_dir: Annotated[
+        str | None,
+        typer.Option(
+            "--spill-dir",
+            metavar="URI",
+            help="Where rows past --max-bytes that no snapshot holds yet go, as files under "
+            "URI/<table>/ (a folder or s3://bucket/path). Writers list them in the batch's "
+            "snapshot summary, and expiring the snapshot deletes them, so the MetaService "
+            "must reach it too (put it in the warehouse)",
+        ),
+    ] = None,
+    spill_property: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--spill-property",
+            metavar="KEY=VALUE",
+            help="A pyiceberg FileIO property for --spill-dir, e.g. s3.endpoint=http://... "
+            "(repeat for several)",
+        ),
+    ] = None,
 ) -> None:
     """Run a standalone log service (log="external") until Ctrl-C.
 
@@ -98,14 +119,33 @@ def start(
             f"{exc.name!r}; it is not installed. Install the server's dependencies and "
             "pyarrow: pip install 'metaservice[server,iceberg]'"
         ) from None
-    store = LogStore(keep_barriers=keep_barriers, max_bytes=max_bytes)
+    store = LogStore(
+        keep_barriers=keep_barriers,
+        max_bytes=max_bytes,
+        spill_root=spill_dir,
+        spill_properties=_properties(spill_property or []),
+    )
+    spills = f"spills to {spill_dir}" if spill_dir else "no spill folder"
     typer.echo(
         f"log service on http://{host}:{port} (keeps unpersisted rows + {keep_barriers} "
-        f"persisted barriers, {shown_bytes(max_bytes)} per table); Ctrl-C stops it",
+        f"persisted barriers, {shown_bytes(max_bytes)} per table, {spills}); Ctrl-C stops it",
         err=True,
     )
     serve(store, host=host, port=port)
     typer.echo("log service stopped", err=True)
+
+
+def _properties(pairs: list[str]) -> dict[str, str]:
+    properties = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise typer.BadParameter(
+                f"{pair!r} is not KEY=VALUE (e.g. s3.endpoint=http://127.0.0.1:9000)",
+                param_hint="--spill-property",
+            )
+        properties[key.strip()] = value
+    return properties
 
 
 @app.command()

@@ -6,6 +6,7 @@ and pickles to it, so a Spark driver can ship it to its executors' Python worker
 
     writer = LogWriter("http://127.0.0.1:7070")
     writer.append("dw.orders", barrier=b, batch_id=7, rows=arrow_table)   # executors
+    writer.claim_spilled("dw.orders", batch_id=7)                         # driver, before commit
     writer.persisted("dw.orders", barrier=b, batch_id=7, snapshot_id=s)   # driver, after commit
     writer.reset("dw.orders", after_batch_id=6)                           # driver, on restart
 
@@ -172,6 +173,13 @@ class LogWriter(_Http):
         """Batch ``batch_id`` is committed in ``snapshot_id`` (the driver, after the commit)."""
         body = {"barrier": barrier, "batch_id": batch_id, "snapshot_id": snapshot_id}
         self._send("POST", f"/tables/{table}/persisted", json=body)
+
+    def claim_spilled(self, table: str, *, batch_id: int) -> list[str]:
+        """The files the log spilled batch ``batch_id``'s rows to, for its snapshot summary
+        (the driver, right before the commit); from then on the snapshot's expiry deletes
+        them."""
+        response = self._send("POST", f"/tables/{table}/spilled", json={"batch_id": batch_id})
+        return [str(path) for path in response.json()["files"]]
 
     def reset(self, table: str, *, after_batch_id: int | None) -> int:
         """The writer restarts after its last committed batch (-1: none): the log drops what

@@ -7,6 +7,8 @@ Routes (prefix ``/v1``; errors are JSON ``{"code", "message", "field"}``; bad in
 ======  ==========================================  ============================================
 POST    ``/tables/{table}/entries?barrier&batch_id``  append rows (body: Arrow IPC stream)
 POST    ``/tables/{table}/persisted``                 ``{"barrier","batch_id","snapshot_id"}``
+POST    ``/tables/{table}/spilled``                   ``{"batch_id"}``: the batch's spilled files,
+                                                      for its snapshot summary
 POST    ``/tables/{table}/reset``                     ``{"after_batch_id"}``: drop past it, new epoch
                                                       (null: drop all, forget the marks; 404
                                                       ``log_table_unknown`` when none held)
@@ -68,6 +70,12 @@ class PersistedBody(BaseModel):
     snapshot_id: int = Field(ge=-MAX_SIGNED_64 - 1, le=MAX_SIGNED_64)
 
 
+class SpilledBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    batch_id: int = Field(ge=0, le=MAX_SIGNED_64)
+
+
 class ResetBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -111,6 +119,12 @@ def create_log_app(store: LogStore) -> Starlette:
         mark = store.table(table).persisted(body.barrier, body.batch_id, body.snapshot_id)
         return JSONResponse(asdict(mark))
 
+    async def spilled(request: Request) -> Response:
+        table = _table(request)
+        body = _json_body(await request.body(), SpilledBody)
+        files = store.table(table).claim_spilled(body.batch_id)
+        return JSONResponse({"batch_id": body.batch_id, "files": files})
+
     async def reset(request: Request) -> Response:
         table = _table(request)
         body = _json_body(await request.body(), ResetBody)
@@ -133,7 +147,10 @@ def create_log_app(store: LogStore) -> Starlette:
             headers[wire.COMMITTED_SNAPSHOT_HEADER] = str(result.committed.snapshot_id)
         if not result.entries:
             return Response(b"", headers=headers, media_type=wire.ARROW_STREAM)
-        batches = [ipc.with_offsets(e.rows, e.barrier, e.batch_id, e.seq) for e in result.entries]
+        batches = [
+            ipc.with_offsets(table_log.rows_of(e), e.barrier, e.batch_id, e.seq)
+            for e in result.entries
+        ]
         body = ipc.encode(batches, batches[0].schema)
         return Response(body, headers=headers, media_type=wire.ARROW_STREAM)
 
@@ -154,6 +171,7 @@ def create_log_app(store: LogStore) -> Starlette:
         Route(f"{prefix}/tables/{{table}}/entries", append, methods=["POST"]),
         Route(f"{prefix}/tables/{{table}}/entries", read, methods=["GET"]),
         Route(f"{prefix}/tables/{{table}}/persisted", persisted, methods=["POST"]),
+        Route(f"{prefix}/tables/{{table}}/spilled", spilled, methods=["POST"]),
         Route(f"{prefix}/tables/{{table}}/reset", reset, methods=["POST"]),
         Route(f"{prefix}/status", status, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),

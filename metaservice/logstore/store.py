@@ -22,8 +22,12 @@ Iceberg snapshot yet), plus the persisted entries of the last ``keep_barriers``
 persisted barriers. Past ``max_bytes``, the oldest persisted batches go first.
 Unpersisted entries are never dropped, even past ``max_bytes``: refusing them would
 stall the writer (the persisted mark that frees memory comes after the Iceberg commit,
-which comes after the append) or leave readers a hole they could not see. The log keeps
-them and reports ``over_bound`` in its status (and logs one warning per excursion).
+which comes after the append) or leave readers a hole they could not see. A log with a
+:class:`~metaservice.logstore.spill.Spill` writes the oldest of them to files until it is
+back within the bound (the writer lists a batch's files in its snapshot summary, whose
+expiry deletes them: :meth:`TableLog.claim_spilled`); without one, or when spilling fails,
+it keeps them in memory and reports ``over_bound`` in its status (and logs one warning
+per excursion).
 
 **Epoch.** ``reset(after_batch_id)`` (a writer restarting from its last committed
 batch) drops every entry past that batch and bumps the epoch: a reader following the
@@ -41,7 +45,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from metaservice.errors import Conflict, Invalid, NotFound, ServiceError
@@ -49,6 +53,8 @@ from metaservice.logstore import wire
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+    from metaservice.logstore.spill import Spill, SpillFile
 
 __all__ = [
     "DEFAULT_KEEP_BARRIERS",
@@ -88,14 +94,14 @@ class EpochChanged(ServiceError):
 
 @dataclass(frozen=True)
 class LogEntry:
+    """One appended record batch: in memory (``rows``) or spilled to a file (``spilled``)."""
+
     barrier: int
     batch_id: int
     seq: int
-    rows: pa.RecordBatch
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.rows.nbytes)
+    rows: pa.RecordBatch | None
+    nbytes: int
+    spilled: SpillFile | None = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +135,9 @@ class TableStatus:
     complete_after: int | None
     over_bound: bool
     readers: list[str]
+    spilled_entries: int = 0
+    spilled_bytes: int = 0  # the rows' size in memory before they were spilled
+    spill_folder: str | None = None
 
 
 @dataclass
@@ -150,6 +159,13 @@ class TableLog:
     complete_after: int | None = None
     _over_bound: bool = False
     _readers: dict[str, float] = field(default_factory=dict)
+    spill: Spill | None = None  # where rows past max_bytes go; None: kept in memory
+    _spilled_bytes: int = 0
+    _spilled_entries: int = 0
+    # Batches through this one had their spilled files listed for a snapshot summary: their
+    # entries are not spilled any more (a file made later would be listed nowhere).
+    _claimed_through: int = -1
+    _schema: pa.Schema | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     # -- writing --------------------------------------------------------------------
@@ -161,7 +177,7 @@ class TableLog:
         its rows are in the snapshot already).
         """
         with self._lock:
-            if self._entries and rows.schema != self._entries[-1].rows.schema:
+            if self._entries and rows.schema != self._schema:
                 raise Conflict(
                     f"table {self.name}: the rows' schema differs from the entries the log "
                     "holds; a schema change takes a reset of the log (the writer's restart)",
@@ -179,7 +195,8 @@ class TableLog:
                 # A store that never saw this table: earlier parts of this batch may have
                 # gone to a previous incarnation, so only the batches after it are whole.
                 self.complete_after = batch_id
-            entry = LogEntry(barrier, batch_id, self._next_seq, rows)
+            entry = LogEntry(barrier, batch_id, self._next_seq, rows, int(rows.nbytes))
+            self._schema = rows.schema
             self._next_seq += 1
             self._entries.append(entry)
             self._bytes += entry.nbytes
@@ -197,6 +214,18 @@ class TableLog:
             self._retain()
             return mark
 
+    def claim_spilled(self, batch_id: int) -> list[str]:
+        """The files batch ``batch_id``'s spilled entries are in, for its snapshot summary
+        (the writer asks right before the commit). From now on the batch is not spilled
+        any more, and its files are the snapshot's: only the snapshot's expiry deletes
+        them. Asking again gives the same list."""
+        with self._lock:
+            self._claimed_through = max(self._claimed_through, batch_id)
+            files = [e.spilled for e in self._entries if e.batch_id == batch_id and e.spilled]
+            for spilled in files:
+                spilled.claimed = True
+            return [f.path for f in files]
+
     def reset(self, after_batch_id: int | None) -> int:
         """A writer restarts after its last committed batch: drop what is past it and bump
         the epoch (returned). Readers of the old epoch re-read from their last snapshot.
@@ -207,9 +236,8 @@ class TableLog:
         if after_batch_id is None:
             return self._restart()
         with self._lock:
-            kept = deque(e for e in self._entries if e.batch_id <= after_batch_id)
-            self._entries = kept
-            self._bytes = sum(e.nbytes for e in kept)
+            self._forget([e for e in self._entries if e.batch_id > after_batch_id])
+            self._claimed_through = min(self._claimed_through, after_batch_id)
             while self._marks and self._marks[-1].batch_id > after_batch_id:
                 self._marks.pop()  # a rollback: those batches are no longer committed
             if self.complete_after is None or self.complete_after > after_batch_id:
@@ -224,9 +252,9 @@ class TableLog:
 
     def _restart(self) -> int:
         with self._lock:
-            self._entries.clear()
-            self._bytes = 0
+            self._forget(list(self._entries))
             self._marks.clear()
+            self._claimed_through = -1
             self.complete_after = None
             self.epoch += 1
             self._over_bound = False
@@ -342,22 +370,80 @@ class TableLog:
     def _drop_batch(self, batch_id: int) -> None:
         """Drop every entry of a persisted batch: the log holds a batch whole or not at all."""
         gone = [e for e in self._entries if e.batch_id == batch_id]
-        self._entries = deque(e for e in self._entries if e.batch_id != batch_id)
-        self._bytes -= sum(e.nbytes for e in gone)
+        self._forget(gone)
         self._dropped_through_seq = max(self._dropped_through_seq, *(e.seq for e in gone))
         self.complete_after = max(self.complete_after or batch_id, batch_id)
 
+    def _forget(self, gone: list[LogEntry]) -> None:
+        """Take ``gone`` out of the log. A spilled file goes with its entry unless a
+        snapshot summary may list it (claimed): that snapshot's expiry deletes it."""
+        if not gone:
+            return
+        seqs = {e.seq for e in gone}
+        self._entries = deque(e for e in self._entries if e.seq not in seqs)
+        for entry in gone:
+            if entry.spilled is None:
+                self._bytes -= entry.nbytes
+                continue
+            self._spilled_entries -= 1
+            self._spilled_bytes -= entry.nbytes
+            if not entry.spilled.claimed and self.spill is not None:
+                self.spill.delete(entry.spilled)
+
     def _check_bound(self) -> None:
+        if self._bytes > self.max_bytes and self.spill is not None:
+            self._spill_oldest()
         over = self._bytes > self.max_bytes
         if over and not self._over_bound:
             log.warning(
                 "log of %s holds %d bytes of rows not yet persisted, past its bound of %d: "
-                "kept (they are in no snapshot yet); the writer's commits free them",
+                "kept in memory (they are in no snapshot yet%s); the writer's commits free "
+                "them",
                 self.name,
                 self._bytes,
                 self.max_bytes,
+                "" if self.spill is None else ", and could not be spilled",
             )
         self._over_bound = over
+
+    def _spill_oldest(self) -> None:
+        """Write the oldest unpersisted, unclaimed entries to files until within the bound."""
+        assert self.spill is not None
+        persisted = self._persisted_through if self._persisted_through is not None else -1
+        newest_done = max(persisted, self._claimed_through)
+        for i in range(len(self._entries)):
+            if self._bytes <= self.max_bytes:
+                return
+            entry = self._entries[i]
+            if entry.spilled is not None or entry.batch_id <= newest_done:
+                continue
+            assert entry.rows is not None
+            try:
+                spilled = self.spill.write(self.epoch, entry.batch_id, entry.seq, entry.rows)
+            except OSError as exc:
+                log.warning("log of %s could not spill to %s: %s", self.name, self.spill, exc)
+                return
+            self._entries[i] = replace(entry, rows=None, spilled=spilled)
+            self._bytes -= entry.nbytes
+            self._spilled_bytes += entry.nbytes
+            self._spilled_entries += 1
+
+    def rows_of(self, entry: LogEntry) -> pa.RecordBatch:
+        """The entry's rows, read back from its file when it was spilled. Raises
+        :class:`LogGone` when that file is gone (retention dropped the entry meanwhile)."""
+        if entry.rows is not None:
+            return entry.rows
+        assert entry.spilled is not None
+        if self.spill is None:
+            raise LogGone(f"the log of {self.name} lost its spill folder", field="after_seq")
+        try:
+            return self.spill.read(entry.spilled)
+        except FileNotFoundError:
+            raise LogGone(
+                f"the log of {self.name} no longer holds seq {entry.seq}: read the table's "
+                "snapshots",
+                field="after_seq",
+            ) from None
 
     # -- status ---------------------------------------------------------------------
     def status(self) -> TableStatus:
@@ -376,7 +462,23 @@ class TableLog:
                 complete_after=self.complete_after,
                 over_bound=self._over_bound,
                 readers=sorted(r for r, seen in self._readers.items() if seen >= since),
+                spilled_entries=self._spilled_entries,
+                spilled_bytes=self._spilled_bytes,
+                spill_folder=None if self.spill is None else self.spill.folder,
             )
+
+
+def _check_bounds(keep_barriers: int, max_bytes: int) -> None:
+    if keep_barriers < 0:
+        raise ValueError("keep_barriers must be >= 0")
+    if max_bytes < 0:
+        raise ValueError("max_bytes must be >= 0")
+
+
+def _spill(folder: str, properties: dict[str, str]) -> Spill:
+    from metaservice.logstore.spill import Spill
+
+    return Spill(folder, properties)
 
 
 def _offset(entry: LogEntry | None) -> tuple[int, int, int] | None:
@@ -397,7 +499,14 @@ def _cap(entries: list[LogEntry], max_bytes: int | None) -> list[LogEntry]:
 
 
 class LogStore:
-    """Every table's log in one process, created on first append."""
+    """Every table's log in one process, created on first append.
+
+    ``spill_root``: rows past a table's ``max_bytes`` that no snapshot holds yet are
+    spilled to Arrow files under ``<spill_root>/<table>/`` (through a pyiceberg FileIO
+    built from ``spill_properties``: a local folder, ``s3://...``); None keeps them in
+    memory. A writer in the same process may give a table its own bound and folder
+    (:meth:`configure`).
+    """
 
     def __init__(
         self,
@@ -405,14 +514,15 @@ class LogStore:
         keep_barriers: int = DEFAULT_KEEP_BARRIERS,
         max_bytes: int = DEFAULT_MAX_BYTES,
         now: Callable[[], float] = time.time,
+        spill_root: str | None = None,
+        spill_properties: dict[str, str] | None = None,
     ) -> None:
-        if keep_barriers < 0:
-            raise ValueError("keep_barriers must be >= 0")
-        if max_bytes < 0:
-            raise ValueError("max_bytes must be >= 0")
+        _check_bounds(keep_barriers, max_bytes)
         self.keep_barriers = keep_barriers
         self.max_bytes = max_bytes
         self._now = now
+        self.spill_root = spill_root.rstrip("/") if spill_root else None
+        self.spill_properties = dict(spill_properties or {})
         self._tables: dict[str, TableLog] = {}
         self._lock = threading.Lock()
 
@@ -422,8 +532,35 @@ class LogStore:
             found = self._tables.get(name)
             if found is None:
                 found = TableLog(name, self.keep_barriers, self.max_bytes, self._now)
+                if self.spill_root is not None:
+                    found.spill = _spill(f"{self.spill_root}/{name}", self.spill_properties)
                 self._tables[name] = found
             return found
+
+    def configure(
+        self,
+        name: str,
+        *,
+        max_bytes: int | None = None,
+        keep_barriers: int | None = None,
+        spill_folder: str | None = None,
+        spill_properties: dict[str, str] | None = None,
+    ) -> TableLog:
+        """Give one table its own bound and spill folder (an embedded log's writer does,
+        from the table's properties and location); None leaves a setting as it is."""
+        table_log = self.table(name)
+        _check_bounds(
+            table_log.keep_barriers if keep_barriers is None else keep_barriers,
+            table_log.max_bytes if max_bytes is None else max_bytes,
+        )
+        with table_log._lock:
+            if max_bytes is not None:
+                table_log.max_bytes = max_bytes
+            if keep_barriers is not None:
+                table_log.keep_barriers = keep_barriers
+            if spill_folder is not None:
+                table_log.spill = _spill(spill_folder, spill_properties or {})
+        return table_log
 
     def existing(self, name: str) -> TableLog:
         """The table's log; 404 when nothing was ever written to it here (readers' calls)."""

@@ -90,6 +90,13 @@ class LogStatus(BaseModel):
         description="Rows not yet committed hold the log past its memory bound (they are kept)"
     )
     readers: list[str] = Field(description="Readers seen in the last minute")
+    spilled_entries: int = Field(
+        0, description="Entries held in spill files rather than memory (rows past the bound)"
+    )
+    spilled_bytes: int = Field(0, description="Memory the spilled entries' rows took")
+    spill_folder: str | None = Field(
+        None, description="Where rows past the bound are spilled; None: kept in memory"
+    )
 
 
 class TableLogStatus(TableLogView):

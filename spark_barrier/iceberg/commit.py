@@ -16,7 +16,7 @@ from pyiceberg.table import Table, TableProperties
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from metaservice.contract import encode_stamp
+from metaservice.contract import encode_log_files, encode_stamp
 from spark_barrier.faults import crash_point
 from spark_barrier.iceberg.cdc import DELETE_OP, OP, check_changes, check_key_types, last_changes
 from spark_barrier.iceberg.files import column_names, delete_folder, safe_name, write_data_files
@@ -122,6 +122,8 @@ def commit_batch(
         if changes is None and not added:
             delete_folder(folder, table.io)
             return None
+        if log_target is not None:  # the rows the log spilled are the snapshot's to expire
+            stamp = {**stamp, **encode_log_files(log_target.claim_spilled())}
         attempt = _attempt(
             spark_df.sparkSession, table, stamp, folder, added, keys, changes, key_filter
         )

@@ -68,3 +68,12 @@ def test_slot_of_and_on_grid() -> None:
     assert slot_of(1_700_000_002_000, 1000) == 1_700_000_002_000
     assert slot_of(5_999, 2000) == 4_000
     assert on_grid(4_000, 2000) and not on_grid(5_000, 2000)
+
+
+def test_log_files_round_trip_through_a_snapshot_summary() -> None:
+    from metaservice.contract import SUMMARY_LOG_FILES, encode_log_files, parse_log_files
+
+    paths = ["s3://wh/db/t/log/1-7-3.arrow", "/wh/db/t/log/1-7-4.arrow"]
+    assert encode_log_files(paths) == {SUMMARY_LOG_FILES: ",".join(paths)}
+    assert parse_log_files({"operation": "append", **encode_log_files(paths)}) == paths
+    assert encode_log_files([]) == {} and parse_log_files({}) == [] and parse_log_files(None) == []

@@ -327,6 +327,47 @@ def test_files_the_kept_overwrite_only_records_as_deleted_are_freed(
     assert not Path(local(s[0].path)).exists() and Path(local(s[2].path)).exists()
 
 
+def test_an_expired_snapshots_spilled_log_files_go_with_it_and_the_kept_ones_stay(
+    client: TestClient, lake: Lake, warehouse: Path
+) -> None:
+    """Rows a table's log spilled for a batch are listed in the batch's snapshot summary
+    (the writer claims them before its commit): expiring the snapshot deletes them."""
+    from metaservice.contract import encode_log_files
+    from metaservice.logstore.spill import Spill
+    from metaservice.logstore.store import TableLog
+
+    table = lake.table("ods.orders")
+    log_ = TableLog("ods.orders", max_bytes=0)  # everything unpersisted spills
+    log_.spill = Spill(f"{table.location()}/log")
+    put_job(client, "src", ["ods.orders"])
+    written, spilled = [], []
+    for batch in range(3):
+        b = barrier(client, "src", batch)["barrier"]
+        log_.append(b, batch, pa.RecordBatch.from_pydict({"n": [batch]}, schema=SCHEMA))
+        files = log_.claim_spilled(batch)
+        stamp = {**encode_stamp(b, "src", batch), **encode_log_files(files)}
+        w = lake.commit("ods.orders", stamp, b, [batch], False)
+        commit(client, "src", batch, b, "ods.orders", w.snapshot_id)
+        log_.persisted(b, batch, w.snapshot_id)
+        lake.clock.advance(SLOT)
+        written.append(w)
+        spilled.append(files)
+    assert all(len(files) == 1 and Path(local(files[0])).exists() for files in spilled)
+
+    plan = expire(client, "ods.orders", dry_run=True)
+    assert {f["path"] for f in plan["files"] if f["kind"] == "log"} == {
+        spilled[0][0],
+        spilled[1][0],
+    }
+    result = expire(client, "ods.orders")
+
+    assert ids(result["snapshots"]) == [w.snapshot_id for w in written[:2]]
+    gone = {f["path"]: f["bytes"] for f in result["files"] if f["kind"] == "log"}
+    assert set(gone) == {spilled[0][0], spilled[1][0]} and all(n > 0 for n in gone.values())
+    assert not any(Path(local(files[0])).exists() for files in spilled[:2])
+    assert Path(local(spilled[2][0])).exists(), "the kept snapshot's log file stays"
+
+
 def test_a_dry_run_lists_what_a_run_removes_and_changes_nothing(
     client: TestClient, lake: Lake, warehouse: Path, db_url: str
 ) -> None:

@@ -680,6 +680,9 @@ STATUS_FIELDS = {
     "complete_after",
     "over_bound",
     "readers",
+    "spilled_entries",
+    "spilled_bytes",
+    "spill_folder",
 }
 
 

@@ -17,6 +17,7 @@ import pytest
 from pyspark.sql import functions as F
 
 import spark_barrier
+from metaservice.contract import parse_log_files, parse_stamp
 from metaservice.logstore import LogNotEnabled, LogReader
 from metaservice.logstore.server import LogService
 from spark_barrier import BarrierConfigError
@@ -32,15 +33,15 @@ ROOT = Path(__file__).resolve().parents[2]
 class Follower:
     """A LogReader polling in a thread, keeping every row it was given."""
 
-    def __init__(self, reader: LogReader) -> None:
+    def __init__(self, reader: LogReader, interval: float = 0.1) -> None:
         self.reader = reader
         self.parts: list[pa.Table] = []
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
         self._thread.start()
 
-    def _run(self) -> None:
-        for rows in self.reader.follow(interval=0.1, stop=self._stop.is_set):
+    def _run(self, interval: float) -> None:
+        for rows in self.reader.follow(interval=interval, stop=self._stop.is_set):
             self.parts.append(rows)
 
     def ids(self) -> list[int]:
@@ -55,6 +56,15 @@ class Follower:
             if row["_log_seq"] is not None
         }
 
+    def ids_after_batch(self, batch: int) -> set[int]:
+        """Rows the log served of batches after ``batch``."""
+        return {
+            row["id"]
+            for part in self.parts
+            for row in part.select(["id", "_log_batch", "_log_seq"]).to_pylist()
+            if row["_log_seq"] is not None and row["_log_batch"] > batch
+        }
+
     def until_caught_up(self, expected: set[int], timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while not expected <= set(self.ids()) and time.monotonic() < deadline:
@@ -67,6 +77,13 @@ class Follower:
 def _table_ids(service: Service, table: str) -> set[int]:
     rows = service.catalog.load_table(table).scan().to_arrow()
     return set(rows.column("id").to_pylist())
+
+
+def _last_batch(service: Service, table: str) -> int:
+    current = service.catalog.load_table(table).current_snapshot()
+    stamp = parse_stamp(current.summary if current else None)
+    assert stamp is not None
+    return stamp.batch
 
 
 def _drive(service: Service, tmp_path: Path, rows: int, crash: str | None = None) -> int:
@@ -229,3 +246,74 @@ def test_log_options_are_checked_before_anything_is_registered(
     spark_barrier.register(spark, service.url, **common).close()  # no log
     with pytest.raises(LogNotEnabled, match=re.escape('register(..., log="embedded")')):
         spark_barrier.read_log(spark, service.url, "ods.bad_log")
+
+
+def test_a_reader_far_behind_reads_snapshots_then_the_log_and_expiry_deletes_spilled_files(
+    spark: Any, service: Service
+) -> None:
+    """The table's embedded log holds no rows in memory (``spark-barrier.log.max-bytes``
+    0): every batch's rows spill to files, which the sink lists in the batch's snapshot
+    summary, and a persisted batch goes at the next append. A reader started late is far
+    behind: it reads the table's snapshots, then follows the log (rows with a log
+    sequence number). Expiring the old snapshots deletes their spilled files; the
+    current one's stay."""
+    common: dict[str, Any] = {
+        "job": "ingest_spilled",
+        "outputs": {"ods.spilled": NUMBERS_SCHEMA},
+        "catalog_uri": service.db_url,
+        "warehouse": service.warehouse,
+        "catalog": service.catalog,
+        "state_dir": service.state_dir,
+    }
+    spark_barrier.register(spark, service.url, **common).close()  # creates the table
+    with service.catalog.load_table("ods.spilled").transaction() as txn:
+        txn.set_properties({"spark-barrier.log.max-bytes": "0"})
+    job = spark_barrier.register(spark, service.url, **common, log="embedded")
+    stream = (
+        spark.readStream.format("rate")
+        .option("rowsPerSecond", 40)
+        .load()
+        .select(F.col("value").alias("id"), F.lit(0).cast("long").alias("barrier"))
+    )
+    writer = job.start(stream, job.sink(), trigger_seconds=0.5)
+    try:
+        time.sleep(8)  # batches the log lets go of: a late reader is far behind
+        reader = LogReader.from_metaservice(
+            "ods.spilled", service.client, catalog=service.catalog, start="earliest"
+        )
+        follower = Follower(reader, interval=0.05)
+        time.sleep(8)
+    finally:
+        spark_barrier.stop_between_batches(writer)
+        job.close()
+    table = _table_ids(service, "ods.spilled")
+    follower.until_caught_up(table)
+    delivered = follower.ids()
+    assert table <= set(delivered), f"never delivered: {sorted(table - set(delivered))[:20]}"
+    # A batch the stop cut short after its append is replayed by the next run, not here.
+    extra = set(delivered) - table
+    assert extra <= follower.ids_after_batch(_last_batch(service, "ods.spilled")), extra
+    from_log = follower.ids_from_the_log()
+    from_snapshots = set(delivered) - from_log
+    assert 0 in from_snapshots, "the late reader did not start from the snapshots"
+    assert from_log and max(from_log) > max(from_snapshots), "it never went back to the log"
+
+    iceberg = service.catalog.load_table("ods.spilled")
+    listed = {s.snapshot_id: parse_log_files(s.summary) for s in iceberg.snapshots() if s.summary}
+    assert all(listed.values()), "a batch's snapshot does not list its spilled rows' files"
+    assert all(_on_disk(p) for files in listed.values() for p in files)
+    current = iceberg.current_snapshot()
+    assert current is not None
+
+    result = service.client.expire("ods.spilled")
+
+    expired = {s.snapshot_id for s in result.snapshots}
+    assert expired == set(listed) - {current.snapshot_id}
+    deleted = {f.path for f in result.files if f.kind == "log"}
+    assert deleted == {p for sid in expired for p in listed[sid]}
+    assert not any(_on_disk(p) for p in deleted)
+    assert all(_on_disk(p) for p in listed[current.snapshot_id])
+
+
+def _on_disk(uri: str) -> bool:
+    return Path(uri.removeprefix("file://")).exists()

@@ -235,6 +235,7 @@ def test_a_table_page_shows_its_log_as_its_log_service_holds_it_or_that_it_is_un
         assert "batch 1, seq 3 (barrier 2023-11-14T22:13:21Z)" in shown  # last offset
         assert "batch 0, snapshot 500" in shown  # persisted through
         assert "dashboard" in shown
+        assert "nothing (no spill folder)" in shown
         assert page.locator("[data-log-over-bound]").count() == 0
         check_screenshot(page, tmp_path / "table-log.png")
 

@@ -616,6 +616,8 @@
       h("dl", { class: "facts", "data-log-status": "" }, where,
         h("dt", {}, "entries held"), h("dd", { "data-log-entries": s.entries }, s.entries ? `${s.entries}` : "none (empty)"),
         h("dt", {}, "memory"), h("dd", { title: `${s.bytes} bytes` }, bytesText(s.bytes)),
+        h("dt", {}, "spilled"), h("dd", { "data-log-spilled": s.spilled_entries },
+          s.spilled_entries ? `${s.spilled_entries} entries, ${bytesText(s.spilled_bytes)} in ${s.spill_folder}` : (s.spill_folder ? `nothing (spills to ${s.spill_folder})` : "nothing (no spill folder)")),
         h("dt", {}, "first offset"), h("dd", {}, offset(s.first)),
         h("dt", {}, "last offset"), h("dd", {}, offset(s.last)),
         h("dt", {}, "persisted through"), h("dd", {}, p ? `batch ${p.batch_id}, snapshot ${p.snapshot_id} (barrier ${iso(p.barrier)})` : "nothing committed yet"),
