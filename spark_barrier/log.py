@@ -5,9 +5,11 @@ process, shared by its jobs, stopped with the last of them); ``log="external"`` 
 ``log_url=`` names a standalone one (``metaservice log start``). Either way the job
 publishes the address for its outputs to the MetaService, where readers find it
 (:class:`metaservice.logstore.LogReader`, :func:`read_log`), and resets each output's
-log to the last batch the MetaService recorded: what a crashed driver appended past it
-is dropped, and its readers start again from the table's latest snapshot (duplicates,
-never a gap).
+log to the last batch the MetaService recorded, naming the job: what a crashed driver
+appended past it is dropped, and its readers start again from the table's latest
+snapshot (duplicates, never a gap). The job's name tells the log whose batch ids it
+holds: a reader whose snapshot another job stamped (the table's previous writer, e.g.
+before a revision swap) is not answered by that job's batch id.
 
 Each batch's rows go to the log from the executors' write tasks, chunk by chunk, just
 before each chunk's data file is written (:class:`LogTarget`); the driver marks the
@@ -123,13 +125,15 @@ class JobLog:
         last_batch: int | None,
         io_properties: Mapping[str, str],
     ) -> None:
-        """Publish the log for ``tables`` and reset each to the job's last committed batch;
-        an embedded log also takes each table's bound and spill folder (in this process:
-        the catalog's properties never go over the wire)."""
+        """Publish the log for ``tables`` and reset each to the job's last committed batch,
+        as ``job``'s; an embedded log also takes each table's bound and spill folder (in
+        this process: the catalog's properties never go over the wire)."""
         for name, table in tables.items():
             if self._embedded is not None:
                 _configure(self._embedded, name, table, io_properties)
-            self._writer.reset(name, after_batch_id=-1 if last_batch is None else last_batch)
+            self._writer.reset(
+                name, after_batch_id=-1 if last_batch is None else last_batch, job=job
+            )
             client.put_table_log(name, mode=self.mode, address=self.url)
         log.info("job '%s' logs %s to %s (%s)", job, sorted(tables), self.url, self.mode)
 

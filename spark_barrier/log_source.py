@@ -12,8 +12,9 @@ and the snapshots), never not at all. See :class:`metaservice.logstore.LogReader
 
 A Spark 4 Python data source with a simple stream reader: it reads on the driver,
 so it is meant for the second-level, modest-volume feeds a log serves. Its offset is
-the reader's position (snapshot, batch, log epoch and sequence), so a batch Spark
-replays after a restart is read again from where it started.
+the reader's position (snapshot, batch and the job whose batch it is, log epoch and
+sequence), so a batch Spark replays after a restart is read again from where it started.
+An offset written before the job was part of it reads the job from the snapshot's stamp.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pyspark.sql.types import LongType, StructField, StructType
 from spark_barrier.source import open_catalog_of
 
 LOG_SOURCE_NAME = "metaservice_log"
-_POSITION = ("committed_snapshot", "committed_batch", "epoch", "seq")
+_POSITION = ("committed_snapshot", "committed_batch", "committed_job", "epoch", "seq")
 
 
 def read_log(
@@ -163,4 +164,5 @@ def _seek(reader: Any, offset: dict[str, Any]) -> None:
 
 def _reached(reader: Any, end: dict[str, Any]) -> bool:
     here = _position(reader)
-    return all(here[k] == end.get(k) for k in _POSITION)
+    # An end written before committed_job was kept lacks it: the other keys place it.
+    return all(here[k] == end[k] for k in _POSITION if k in end)

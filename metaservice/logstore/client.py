@@ -8,7 +8,7 @@ and pickles to it, so a Spark driver can ship it to its executors' Python worker
     writer.append("dw.orders", barrier=b, batch_id=7, rows=arrow_table)   # executors
     writer.claim_spilled("dw.orders", batch_id=7)                         # driver, before commit
     writer.persisted("dw.orders", barrier=b, batch_id=7, snapshot_id=s)   # driver, after commit
-    writer.reset("dw.orders", after_batch_id=6)                           # driver, on restart
+    writer.reset("dw.orders", after_batch_id=6, job="enrich")             # driver, on restart
 
 Errors:
 
@@ -75,6 +75,7 @@ class LogRead:
     next_seq: int
     committed_batch: int | None  # the newest committed batch the reader now has in full
     committed_snapshot: int | None
+    job: str | None = None  # whose batch ids the log holds (None: its writer named none)
 
 
 class _Http:
@@ -181,13 +182,19 @@ class LogWriter(_Http):
         response = self._send("POST", f"/tables/{table}/spilled", json={"batch_id": batch_id})
         return [str(path) for path in response.json()["files"]]
 
-    def reset(self, table: str, *, after_batch_id: int | None) -> int:
+    def reset(self, table: str, *, after_batch_id: int | None, job: str | None = None) -> int:
         """The writer restarts after its last committed batch (-1: none): the log drops what
-        it holds past it; returns the new epoch. None: the table's history restarts (the
-        MetaService, at a revision swap): the log drops everything and forgets the
-        persisted marks (404 ``log_table_unknown`` when it holds nothing of the table)."""
+        it holds past it; returns the new epoch. ``job``, the writer's job, tells the log
+        whose batch ids it holds, so it does not answer a reader by another job's batch
+        (give it: without it a reader whose position is another job's batch may skip
+        rows). None: the table's history restarts (the MetaService, at a revision swap):
+        the log drops everything and forgets the persisted marks and the job (404
+        ``log_table_unknown`` when it holds nothing of the table)."""
         response = self._send(
-            "POST", f"/tables/{table}/reset", json={"after_batch_id": after_batch_id}
+            "POST",
+            f"/tables/{table}/reset",
+            params={} if job is None else {"job": job},
+            json={"after_batch_id": after_batch_id},
         )
         return int(response.json()["epoch"])
 
@@ -202,13 +209,18 @@ class LogClient(_Http):
         after_seq: int | None = None,
         epoch: int | None = None,
         after_batch: int | None = None,
+        job: str | None = None,
         reader: str | None = None,
         max_bytes: int | None = None,
     ) -> LogRead:
+        """The rows after ``after_seq`` in ``epoch``, or after batch ``after_batch`` of
+        ``job`` (the job that stamped the snapshot the reader has: a log of another job
+        answers from its start when it holds all of that job's batches, else 410)."""
         params = {
             "after_seq": after_seq,
             "epoch": epoch,
             "after_batch": after_batch,
+            "job": job,
             "reader": reader,
             "max_bytes": max_bytes,
         }
@@ -226,6 +238,7 @@ class LogClient(_Http):
             next_seq=int(headers[wire.NEXT_SEQ_HEADER]),
             committed_batch=_optional_int(headers.get(wire.COMMITTED_BATCH_HEADER)),
             committed_snapshot=_optional_int(headers.get(wire.COMMITTED_SNAPSHOT_HEADER)),
+            job=headers.get(wire.JOB_HEADER),
         )
 
     def status(self, table: str | None = None) -> list[dict[str, Any]]:

@@ -1,8 +1,9 @@
 """Following a table with second-level latency: :class:`LogReader`.
 
-The reader holds one position: the newest committed snapshot (and its batch) it has
-delivered in full, plus, while it follows the log, the log's ``(epoch, seq)``. Each
-:meth:`LogReader.poll` returns the rows that are new since the last one:
+The reader holds one position: the newest committed snapshot it has delivered in full,
+with its batch and the job whose batch that is (the snapshot's stamp), plus, while it
+follows the log, the log's ``(epoch, seq)``. Each :meth:`LogReader.poll` returns the rows
+that are new since the last one:
 
 - **From the log** while it is close behind: the entries after its seq.
 - **From the table's snapshots** when the log no longer holds its position (410), when
@@ -10,6 +11,14 @@ delivered in full, plus, while it follows the log, the log's ``(epoch, seq)``. E
   is down (one warning until it is back): the rows the snapshots after its committed
   snapshot added. Then it asks the log again from the batch of the newest snapshot it
   read, and follows the log from there once the log holds everything after it.
+
+A batch id is a position only among the batches of the job that stamped it: after a
+revision swap, or any change of the table's writer, the newest snapshot may be stamped
+by a job that no longer writes the table, whose batch 7 says nothing of the new
+writer's batches 0-2. So the reader asks by batch *of a job*. The log of another job
+(its writer names its job at its reset) answers from its start if it holds every batch
+that job wrote, else 410, and the reader goes on with the snapshots until one is
+stamped by the log's job.
 
 Every row of the table is delivered at least once: a switch re-reads from the last
 snapshot it had in full, so rows it got from the log after that come again (duplicates,
@@ -39,6 +48,7 @@ from typing import TYPE_CHECKING, Literal
 
 import pyarrow as pa
 
+from metaservice.contract import parse_stamp
 from metaservice.logstore import wire
 from metaservice.logstore.client import (
     LogApiError,
@@ -122,9 +132,11 @@ class LogReader:
         self._retry_log_seconds = retry_log_seconds
         self._check_log_seconds = check_log_seconds
         self._check_at = time.monotonic() + check_log_seconds  # when to ask resolve next
-        # The position: the newest snapshot (and batch) delivered in full...
+        # The position: the newest snapshot delivered in full, and its batch: a batch of
+        # committed_job's, meaningless in another job's log (None: not known)...
         self.committed_snapshot: int | None = None
         self.committed_batch: int | None = None
+        self.committed_job: str | None = None
         # ...and, while following the log, where in it.
         self.epoch: int | None = None
         self.seq: int | None = None
@@ -183,9 +195,11 @@ class LogReader:
         assert self._log is not None
         try:
             if self.seq is None:
+                after_batch, job = self._batch_position()
                 answer = self._log.read(
                     self.table,
-                    after_batch=_batch_or_none(self.committed_batch),
+                    after_batch=after_batch,
+                    job=job,
                     reader=self.reader_id,
                     max_bytes=self._max_bytes,
                 )
@@ -218,17 +232,36 @@ class LogReader:
         self._log_up()
         return self._take(answer)
 
+    def _batch_position(self) -> tuple[int, str | None]:
+        """Where to ask the log from by batch: ``(batch, job)``. (-1, None): from the log's
+        start, which it answers only if it holds every batch (an empty table, a position
+        without a stamp)."""
+        if self.committed_batch is None or self.committed_batch < 0:
+            return -1, None
+        if self.committed_job is None and self.committed_snapshot is not None:
+            # A position kept before the job was (an older read_log offset): its stamp.
+            self.committed_job = self._job_of(self.committed_snapshot)
+        if self.committed_job is None:
+            return -1, None  # whose batch it is is not known: nothing may be skipped
+        return self.committed_batch, self.committed_job
+
     def _take(self, answer: LogRead) -> pa.Table | None:
         if self.source != "log":
             log.info("log reader of %s follows the log again", self.table)
         self.source = "log"
         self.epoch, self.seq = answer.epoch, answer.next_seq
-        newer = answer.committed_batch is not None and (
-            self.committed_batch is None or answer.committed_batch > self.committed_batch
-        )
-        if newer and answer.committed_snapshot is not None:
-            self.committed_batch = answer.committed_batch
-            self.committed_snapshot = answer.committed_snapshot
+        if answer.committed_batch is not None and answer.committed_snapshot is not None:
+            # The log answered from a position in it, so its writer's mark is the reader's:
+            # newer than a position of another job's (an older writer's snapshot).
+            newer = (
+                self.committed_batch is None
+                or (answer.job is not None and answer.job != self.committed_job)
+                or answer.committed_batch > self.committed_batch
+            )
+            if newer:
+                self.committed_batch = answer.committed_batch
+                self.committed_snapshot = answer.committed_snapshot
+                self.committed_job = answer.job  # None: its stamp says, when asked
         return answer.rows if answer.rows is not None and answer.rows.num_rows else None
 
     def _leave_log(self) -> None:
@@ -301,7 +334,7 @@ class LogReader:
                 parts.append(_with_stamp(part.rows, barrier, batch))
             self.committed_snapshot = part.snapshot_id
             if part.stamp is not None:
-                self.committed_batch = part.stamp.batch
+                self.committed_batch, self.committed_job = part.stamp.batch, part.stamp.job
         self.source = "snapshots"
         if not parts:
             return None
@@ -313,11 +346,17 @@ class LogReader:
         if current is None:
             self.committed_batch = -1  # nothing committed: the log from its first batch
             return
-        from metaservice.contract import parse_stamp
-
         stamp = parse_stamp(current.summary)
         self.committed_snapshot = current.snapshot_id
-        self.committed_batch = stamp.batch if stamp is not None else None
+        if stamp is not None:
+            self.committed_batch, self.committed_job = stamp.batch, stamp.job
+
+    def _job_of(self, snapshot_id: int) -> str | None:
+        """The job that stamped the snapshot (None: gone, or not stamped)."""
+        table = self._existing_table()
+        snapshot = table.snapshot_by_id(snapshot_id) if table is not None else None
+        stamp = parse_stamp(snapshot.summary) if snapshot is not None else None
+        return stamp.job if stamp is not None else None
 
     def _existing_table(self) -> Table | None:
         """The table; None while its writer has not created it yet (nothing to read)."""
@@ -331,12 +370,6 @@ class LogReader:
 
 def _same(address: str, other: str) -> bool:
     return address.rstrip("/") == other.rstrip("/")
-
-
-def _batch_or_none(batch: int | None) -> int:
-    # A position without a known batch (an unstamped snapshot): from the log's start,
-    # which it answers only if it holds everything (else the snapshots go on).
-    return -1 if batch is None else batch
 
 
 def _with_stamp(rows: pa.Table, barrier: int | None, batch: int | None) -> pa.Table:

@@ -9,11 +9,12 @@ POST    ``/tables/{table}/entries?barrier&batch_id``  append rows (body: Arrow I
 POST    ``/tables/{table}/persisted``                 ``{"barrier","batch_id","snapshot_id"}``
 POST    ``/tables/{table}/spilled``                   ``{"batch_id"}``: the batch's spilled files,
                                                       for its snapshot summary
-POST    ``/tables/{table}/reset``                     ``{"after_batch_id"}``: drop past it, new epoch
+POST    ``/tables/{table}/reset[?job]``               ``{"after_batch_id"}``: drop past it, new
+                                                      epoch; the job's batches from now on
                                                       (null: drop all, forget the marks; 404
                                                       ``log_table_unknown`` when none held)
-GET     ``/tables/{table}/entries``                   ``after_seq&epoch`` or ``after_batch``; rows
-                                                      as Arrow IPC with offset columns; 410
+GET     ``/tables/{table}/entries``                   ``after_seq&epoch`` or ``after_batch[&job]``;
+                                                      rows as Arrow IPC with offset columns; 410
                                                       ``log_gone``, 409 ``log_reset``
 GET     ``/status[?table=T]``                         each table's offsets, bytes, epoch, readers
 GET     ``/healthz``
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import socket
 import threading
 import time
@@ -47,7 +49,7 @@ from starlette.routing import Route
 from metaservice.errors import Invalid, ServiceError
 from metaservice.logstore import ipc, wire
 from metaservice.logstore.store import LogStore, TableLog, TableStatus
-from metaservice.names import check_table_name
+from metaservice.names import JOB_PATTERN, check_table_name
 
 __all__ = ["LogService", "create_log_app", "serve"]
 
@@ -60,6 +62,7 @@ MAX_BODY_BYTES = 512 * 1024 * 1024
 # The MetaService's code for a request its schema refuses ("invalid": one that breaks a rule).
 MALFORMED = "invalid_request"
 MAX_READER_ID = 200
+_JOB = re.compile(JOB_PATTERN)
 
 
 class PersistedBody(BaseModel):
@@ -128,9 +131,14 @@ def create_log_app(store: LogStore) -> Starlette:
     async def reset(request: Request) -> Response:
         table = _table(request)
         body = _json_body(await request.body(), ResetBody)
+        # The writer's job: a query parameter, as an append's batch is, so that a log
+        # service older than it ignores it (answering by batch alone) and the reset works.
+        job = _job(request)
+        if job is not None and body.after_batch_id is None:
+            raise Invalid("a reset that keeps no batch names no job", field="job")
         # A writer's reset makes the table's log; with none there is no history to drop.
         table_log = store.existing(table) if body.after_batch_id is None else store.table(table)
-        return JSONResponse({"epoch": table_log.reset(body.after_batch_id)})
+        return JSONResponse({"epoch": table_log.reset(body.after_batch_id, job)})
 
     async def read(request: Request) -> Response:
         table_log = store.existing(_table(request))
@@ -138,6 +146,7 @@ def create_log_app(store: LogStore) -> Starlette:
             after_seq=_int_param(request, "after_seq", minimum=0),
             epoch=_int_param(request, "epoch", minimum=0),
             after_batch=_int_param(request, "after_batch", minimum=-1),
+            job=_job(request),
             max_bytes=_int_param(request, "max_bytes", minimum=1),
             reader=_reader(request),
         )
@@ -145,6 +154,8 @@ def create_log_app(store: LogStore) -> Starlette:
         if result.committed is not None:
             headers[wire.COMMITTED_BATCH_HEADER] = str(result.committed.batch_id)
             headers[wire.COMMITTED_SNAPSHOT_HEADER] = str(result.committed.snapshot_id)
+        if result.job is not None:
+            headers[wire.JOB_HEADER] = result.job
         if not result.entries:
             return Response(b"", headers=headers, media_type=wire.ARROW_STREAM)
         batches = [
@@ -202,6 +213,13 @@ def _reader(request: Request) -> str | None:
             f"reader is longer than {MAX_READER_ID} characters", field="reader", code=MALFORMED
         )
     return reader
+
+
+def _job(request: Request) -> str | None:
+    job = request.query_params.get("job")
+    if job is not None and not _JOB.match(job):
+        raise Invalid(f"job {job[:210]!r} is not a job name", field="job", code=MALFORMED)
+    return job
 
 
 def _table(request: Request) -> str:

@@ -17,6 +17,16 @@ one batch arrive in.
   can answer only when it holds every entry of every batch after it
   (``complete_after <= after_batch``), else :class:`LogGone`.
 
+**Whose batches.** Batch ids are a job's own (a Spark checkpoint's): batch 7 of one job
+says nothing of another's batches. A writer names its job at its reset, and the log
+keeps it (``job``). A read ``after_batch`` names the job whose batch it is (the job that
+stamped the reader's snapshot); when that is not the log's job, the position says
+nothing about which of the log's batches the reader lacks, so the log answers from its
+start if it holds every batch its writer wrote (``complete_after == -1``), else
+:class:`LogGone` (the reader reads the table's snapshots until one is stamped by the
+log's job). A reset naming another job than the log's drops everything first (as
+``reset(None)`` does). A log whose writer named no job answers by batch alone.
+
 **Retention.** Kept: every entry not yet persisted (its batch is not in a committed
 Iceberg snapshot yet), plus the persisted entries of the last ``keep_barriers``
 persisted barriers. Past ``max_bytes``, the oldest persisted batches go first.
@@ -29,13 +39,13 @@ expiry deletes them: :meth:`TableLog.claim_spilled`); without one, or when spill
 it keeps them in memory and reports ``over_bound`` in its status (and logs one warning
 per excursion).
 
-**Epoch.** ``reset(after_batch_id)`` (a writer restarting from its last committed
+**Epoch.** ``reset(after_batch_id, job)`` (a writer restarting from its last committed
 batch) drops every entry past that batch and bumps the epoch: a reader following the
 old epoch gets :class:`EpochChanged` and re-reads from its last committed snapshot
 (duplicates, never a gap). ``reset(None)`` (a revision swap: the table's history
-restarts) drops everything and forgets the persisted marks too. A new store starts at
-an epoch taken from the clock, so a restarted log service never repeats an epoch its
-readers knew.
+restarts) drops everything and forgets the persisted marks and the job too. A new store
+starts at an epoch taken from the clock, so a restarted log service never repeats an
+epoch its readers knew.
 """
 
 from __future__ import annotations
@@ -121,6 +131,7 @@ class ReadResult:
     epoch: int
     next_seq: int  # the position to ask from next time (after_seq)
     committed: PersistedMark | None  # the newest batch a reader at next_seq has in full
+    job: str | None = None  # whose batch ids the log holds (None: its writer named none)
 
 
 @dataclass(frozen=True)
@@ -138,6 +149,7 @@ class TableStatus:
     spilled_entries: int = 0
     spilled_bytes: int = 0  # the rows' size in memory before they were spilled
     spill_folder: str | None = None
+    job: str | None = None  # the job whose batches the log holds, as its writer named it
 
 
 @dataclass
@@ -157,6 +169,8 @@ class TableLog:
     _marks: deque[PersistedMark] = field(default_factory=lambda: deque(maxlen=_MARKS_KEPT))
     # Every entry of every batch after this one is held (None: nothing known yet).
     complete_after: int | None = None
+    # The job whose batch ids these are, named by its writer's reset (None: not named).
+    job: str | None = None
     _over_bound: bool = False
     _readers: dict[str, float] = field(default_factory=dict)
     spill: Spill | None = None  # where rows past max_bytes go; None: kept in memory
@@ -226,16 +240,30 @@ class TableLog:
                 spilled.claimed = True
             return [f.path for f in files]
 
-    def reset(self, after_batch_id: int | None) -> int:
+    def reset(self, after_batch_id: int | None, job: str | None = None) -> int:
         """A writer restarts after its last committed batch: drop what is past it and bump
         the epoch (returned). Readers of the old epoch re-read from their last snapshot.
+        ``job`` is the writer's job: its batch ids are the ones the log holds from now on
+        (None: not named, the log answers reads by batch alone). A job other than the one
+        the log held drops everything first: the old batch ids mean nothing in the new
+        job's.
 
         ``None``: the table's history restarts (a revision swapped another table in under
-        its name): drop every entry, forget the persisted marks (the next writer's batch
-        ids are its own) and hold nothing in full until that writer's reset."""
+        its name): drop every entry, forget the persisted marks and the job (the next
+        writer's batch ids are its own) and hold nothing in full until that writer's
+        reset."""
         if after_batch_id is None:
+            if job is not None:
+                raise Invalid("a reset that keeps no batch names no job", field="job")
             return self._restart()
         with self._lock:
+            if job is not None and self.job is not None and job != self.job:
+                log.info(
+                    "log of %s: job %s writes it now, not %s; dropping %s's entries",
+                    self.name, job, self.job, self.job,
+                )  # fmt: skip
+                self._drop_all()
+            self.job = job
             self._forget([e for e in self._entries if e.batch_id > after_batch_id])
             self._claimed_through = min(self._claimed_through, after_batch_id)
             while self._marks and self._marks[-1].batch_id > after_batch_id:
@@ -246,20 +274,25 @@ class TableLog:
             self.epoch += 1
             self._over_bound = False
             log.info(
-                "log of %s reset after batch %d: epoch %d", self.name, after_batch_id, self.epoch
-            )
+                "log of %s reset after batch %d of job %s: epoch %d",
+                self.name, after_batch_id, job, self.epoch,
+            )  # fmt: skip
             return self.epoch
 
     def _restart(self) -> int:
         with self._lock:
-            self._forget(list(self._entries))
-            self._marks.clear()
-            self._claimed_through = -1
-            self.complete_after = None
+            self._drop_all()
+            self.job = None
             self.epoch += 1
             self._over_bound = False
             log.info("log of %s reset with no batch kept: epoch %d", self.name, self.epoch)
             return self.epoch
+
+    def _drop_all(self) -> None:
+        self._forget(list(self._entries))
+        self._marks.clear()
+        self._claimed_through = -1
+        self.complete_after = None
 
     # -- reading --------------------------------------------------------------------
     def read(
@@ -268,10 +301,12 @@ class TableLog:
         after_seq: int | None = None,
         epoch: int | None = None,
         after_batch: int | None = None,
+        job: str | None = None,
         max_bytes: int | None = None,
         reader: str | None = None,
     ) -> ReadResult:
-        """The entries after a position: ``after_seq`` in ``epoch``, or ``after_batch``.
+        """The entries after a position: ``after_seq`` in ``epoch``, or ``after_batch`` of
+        ``job`` (the job that stamped the reader's snapshot; None: the log's job).
 
         Raises :class:`EpochChanged` when ``epoch`` is not the log's, :class:`LogGone`
         when the log no longer holds (or never held) everything after the position.
@@ -279,6 +314,8 @@ class TableLog:
         """
         if (after_seq is None) == (after_batch is None):
             raise Invalid("give exactly one of after_seq and after_batch", field="after_seq")
+        if job is not None and after_batch is None:
+            raise Invalid("job names whose batch after_batch is; give it with it", field="job")
         with self._lock:
             if reader:
                 self._seen(reader)
@@ -286,10 +323,11 @@ class TableLog:
                 due = self._after_seq(after_seq, epoch)
             else:
                 assert after_batch is not None
-                due = self._after_batch(after_batch)
+                due = self._after_batch(after_batch, job)
             taken = _cap(due, max_bytes)
             next_seq = taken[-1].seq if taken else self._position(after_seq)
-            return ReadResult(taken, self.epoch, next_seq, self._committed_at(next_seq))
+            committed = self._committed_at(next_seq)
+            return ReadResult(taken, self.epoch, next_seq, committed, self.job)
 
     def _seen(self, reader: str) -> None:
         now = self.now()
@@ -321,7 +359,19 @@ class TableLog:
             )
         return [e for e in self._entries if e.seq > after_seq]
 
-    def _after_batch(self, after_batch: int) -> list[LogEntry]:
+    def _after_batch(self, after_batch: int, job: str | None) -> list[LogEntry]:
+        if job is not None and self.job is not None and job != self.job:
+            # Another job's batch: it says nothing of which of this job's batches the reader
+            # has. Only every batch this job wrote is sure to cover them.
+            if self.complete_after != -1:
+                raise LogGone(
+                    f"the log of {self.name} holds the batches of job {self.job}, not all of "
+                    f"them (its batches after {self.complete_after}); batch {after_batch} is "
+                    f"job {job}'s: read the table's snapshots until one is stamped by "
+                    f"{self.job}",
+                    field="job",
+                )
+            after_batch = -1
         if self.complete_after is None or after_batch < self.complete_after:
             held = (
                 "nothing yet"
@@ -465,6 +515,7 @@ class TableLog:
                 spilled_entries=self._spilled_entries,
                 spilled_bytes=self._spilled_bytes,
                 spill_folder=None if self.spill is None else self.spill.folder,
+                job=self.job,
             )
 
 

@@ -18,6 +18,7 @@ EPOCH_HEADER = "X-Log-Epoch"
 NEXT_SEQ_HEADER = "X-Log-Next-Seq"
 COMMITTED_BATCH_HEADER = "X-Log-Committed-Batch"
 COMMITTED_SNAPSHOT_HEADER = "X-Log-Committed-Snapshot"
+JOB_HEADER = "X-Log-Job"  # the job whose batch ids the log holds (absent: not named)
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 

@@ -97,6 +97,11 @@ class LogStatus(BaseModel):
     spill_folder: str | None = Field(
         None, description="Where rows past the bound are spilled; None: kept in memory"
     )
+    job: str | None = Field(
+        None,
+        description="The job whose batch ids the log holds, as its writer named it at its "
+        "reset; None: not named",
+    )
 
 
 class TableLogStatus(TableLogView):

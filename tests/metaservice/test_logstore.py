@@ -44,6 +44,7 @@ from metaservice.logstore.server import LogService, status_json
 from metaservice.logstore.store import EpochChanged, LogGone, LogStore, TableLog
 from metaservice.settings import Settings
 from spark_barrier.iceberg.catalog import ensure_table, open_catalog
+from spark_barrier.log import JobLog
 from tests.faults.processes import free_port
 from tests.metaservice.helpers import API, T0, assert_error, put_job, unchanged
 from tests.metaservice.live_server import LiveServer
@@ -155,6 +156,69 @@ def test_a_new_log_holds_the_batches_after_the_first_it_sees_or_after_its_reset(
     restarted.reset(after_batch_id=6)  # the writer says: everything after 6 comes here
     restarted.append(barrier_of(7), 7, rows(7))
     assert [e.batch_id for e in restarted.read(after_batch=6).entries] == [7]
+
+
+def test_a_read_by_another_jobs_batch_is_answered_from_the_start_if_all_is_held() -> None:
+    log = TableLog(TABLE)
+    log.reset(after_batch_id=-1, job="B")  # B's first run: nothing of it committed yet
+    for batch in range(3):
+        log.append(barrier_of(8 + batch), batch, rows(batch))
+
+    # batch 7 of A (the job that stamped the reader's snapshot) says nothing of B's batches
+    answer = log.read(after_batch=7, job="A")
+
+    assert [e.batch_id for e in answer.entries] == [0, 1, 2] and answer.job == "B"
+    assert log.read(after_batch=7, job="B").entries == []  # B's own batch 7: none past it
+    assert log.read(after_batch=1, job="B").job == "B"
+    # B's driver restarts after committing batch 1, with a new embedded log: it holds B's
+    # batches after 1 only, and A's batch 7 cannot say whether the reader has B's 0-1
+    restarted = TableLog(TABLE)
+    restarted.reset(after_batch_id=1, job="B")
+    restarted.append(barrier_of(10), 2, rows(2))
+    with pytest.raises(LogGone) as gone:
+        restarted.read(after_batch=7, job="A")
+    assert gone.value.field == "job" and "stamped by B" in gone.value.message
+    assert [e.batch_id for e in restarted.read(after_batch=1, job="B").entries] == [2]
+    # the same when retention let B's batch 0 go
+    log.keep_barriers = 0
+    log.persisted(barrier_of(8), 0, snapshot_id=80)
+    with pytest.raises(LogGone):
+        log.read(after_batch=7, job="A")
+    # a writer that names no job leaves the log answering by batch alone, as before
+    unnamed = TableLog(TABLE)
+    unnamed.reset(after_batch_id=-1)
+    unnamed.append(barrier_of(8), 0, rows(0))
+    assert unnamed.read(after_batch=7, job="A").entries == [] and unnamed.status().job is None
+    with pytest.raises(Invalid) as seq_and_job:
+        log.read(after_seq=0, epoch=log.epoch, job="B")
+    assert seq_and_job.value.field == "job"
+
+
+def test_a_reset_by_another_job_drops_the_previous_jobs_entries_and_marks() -> None:
+    log = TableLog(TABLE)
+    log.reset(after_batch_id=-1, job="A")
+    for batch in range(6):
+        log.append(barrier_of(batch), batch, rows(batch))
+    log.persisted(barrier_of(4), 4, snapshot_id=40)
+    epoch = log.epoch
+
+    log.reset(after_batch_id=5, job="B")  # B's batch 5 is not A's: nothing of A stays
+
+    status = log.status()
+    assert (status.entries, status.persisted, status.complete_after, status.job) == (
+        0,
+        None,
+        5,
+        "B",
+    )
+    assert status.epoch == epoch + 1
+    log.append(barrier_of(9), 3, rows(9))  # B's batch 3: A's mark of batch 4 is gone
+    log.append(barrier_of(9), 6, rows(9))
+    assert [e.batch_id for e in log.read(after_batch=5, job="B").entries] == [6]
+    log.reset(after_batch_id=None)  # a revision swap forgets the job too
+    assert log.status().job is None
+    with pytest.raises(Invalid):
+        log.reset(after_batch_id=None, job="B")
 
 
 def test_appends_of_a_persisted_batch_or_another_schema_are_refused() -> None:
@@ -324,6 +388,46 @@ BAD_REQUESTS: list[tuple[str, str, dict[str, Any], int, str, str | None]] = [
         "x",
     ),
     (
+        "POST",
+        f"/v1/tables/{TABLE}/reset",
+        {"json": {"after_batch_id": 1, "job": "events"}},
+        422,
+        "invalid_request",
+        "job",
+    ),
+    (
+        "POST",
+        f"/v1/tables/{TABLE}/reset?job=events",
+        {"json": {"after_batch_id": None}},
+        422,
+        "invalid",
+        "job",
+    ),
+    (
+        "POST",
+        f"/v1/tables/{TABLE}/reset?job=not%20a%20job",
+        {"json": {"after_batch_id": 1}},
+        422,
+        "invalid_request",
+        "job",
+    ),
+    (
+        "GET",
+        f"/v1/tables/{TABLE}/entries?after_batch=0&job=not%20a%20job",
+        {},
+        422,
+        "invalid_request",
+        "job",
+    ),
+    (
+        "GET",
+        f"/v1/tables/{TABLE}/entries?after_seq=0&epoch=1&job=events",
+        {},
+        422,
+        "invalid",
+        "job",
+    ),
+    (
         "GET",
         f"/v1/tables/{TABLE}/entries?after_seq=0&after_batch=0&epoch=1",
         {},
@@ -406,12 +510,16 @@ def catalog(tmp_path: Path) -> Iterator[Catalog]:
 
 
 class Writer:
-    """What the Spark side does per batch: log the rows (two executors), commit, persist."""
+    """What the Spark side does per batch: log the rows (two executors), commit, persist.
+    Its driver resets the log naming its job, as spark_barrier's register does."""
 
-    def __init__(self, catalog: Catalog, log_url: str) -> None:
+    def __init__(
+        self, catalog: Catalog, log_url: str, *, job: str = "events", after_batch_id: int = -1
+    ) -> None:
         self.table: Table = ensure_table(catalog, TABLE, SCHEMA)
+        self.job = job
         self.log = LogWriter(log_url)
-        self.log.reset(TABLE, after_batch_id=-1)
+        self.log.reset(TABLE, after_batch_id=after_batch_id, job=job)
         self.next_id = 0
 
     def batch(self, batch_id: int, n: int = 4, *, commit: bool = True) -> list[int]:
@@ -427,7 +535,7 @@ class Writer:
         return ids
 
     def commit(self, batch_id: int, ids: list[int]) -> None:
-        stamp = encode_stamp(barrier=barrier_of(batch_id), job="events", batch=batch_id)
+        stamp = encode_stamp(barrier=barrier_of(batch_id), job=self.job, batch=batch_id)
         self.table.append(pa.Table.from_batches([rows(*ids)]), snapshot_properties=stamp)
         snapshot = self.table.current_snapshot()
         assert snapshot is not None
@@ -519,7 +627,7 @@ def test_a_restarting_writer_resets_the_log_and_readers_get_duplicates_never_a_g
     lost = writer.batch(3, commit=False)  # the driver dies after the executors logged batch 3
     delivered += drain(reader)[0]
     assert lost[0] in delivered
-    writer.log.reset(TABLE, after_batch_id=2)  # restarted from its last committed batch
+    writer.log.reset(TABLE, after_batch_id=2, job="events")  # restarted after its last commit
     writer.next_id = lost[0]  # the replay makes the same rows again
     replayed = writer.batch(3)
     writer.batch(4, commit=False)
@@ -530,6 +638,73 @@ def test_a_restarting_writer_resets_the_log_and_readers_get_duplicates_never_a_g
     assert set(writer.table_ids()) <= set(counts)  # no gap
     assert all(counts[i] >= 2 for i in replayed)  # duplicates of the replayed batch
     assert set(delivered) <= set(writer.table_ids()) | set(range(writer.next_id))
+
+
+def left_by_another_job(catalog: Catalog) -> int:
+    """The table as its previous writer, job A, left it: its newest snapshot is A's batch 7
+    (row 70). Returns that snapshot's id."""
+    table = ensure_table(catalog, TABLE, SCHEMA)
+    stamp = encode_stamp(barrier=barrier_of(7), job="A", batch=7)
+    table.append(pa.Table.from_batches([rows(70)]), snapshot_properties=stamp)
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    return snapshot.snapshot_id
+
+
+def test_a_reader_at_another_jobs_batch_gets_every_batch_of_the_jobs_log_that_holds_them_all(
+    catalog: Catalog, service: LogService
+) -> None:
+    left_by_another_job(catalog)
+    writer = Writer(catalog, service.url, job="B")  # B's first run: its batch ids from 0
+    pending = [i for batch in range(3) for i in writer.batch(batch, commit=False)]
+    reader = LogReader(TABLE, catalog=catalog, log_url=service.url, retry_log_seconds=0)
+    assert (reader.committed_batch, reader.committed_job) == (7, "A")
+
+    got, sources = drain(reader)
+
+    assert got == pending and sources == ["log"]  # not after "batch 7": B's 0-2 are all new
+    writer.commit(0, pending[:4])
+    assert drain(reader) == ([], [])
+    assert (reader.committed_batch, reader.committed_job) == (0, "B")  # B's mark now
+    newer = writer.batch(3, commit=False)
+    assert drain(reader) == (newer, ["log"])
+
+
+def test_a_reader_at_another_jobs_batch_reads_snapshots_until_the_new_writer_commits(
+    catalog: Catalog, service: LogService
+) -> None:
+    left_by_another_job(catalog)
+    # B restarts after its batch 5 (which wrote nothing here): the log holds its batches
+    # after 5 only, and A's batch 7 cannot say whether the reader has B's 0-5
+    writer = Writer(catalog, service.url, job="B", after_batch_id=5)
+    six, seven = writer.batch(6, commit=False), writer.batch(7, commit=False)
+    reader = LogReader(TABLE, catalog=catalog, log_url=service.url, retry_log_seconds=0)
+
+    assert drain(reader) == ([], [])  # nothing committed since A's batch 7; no row skipped
+    assert reader.source == "snapshots"
+    writer.commit(6, six)
+    got, sources = drain(reader)
+
+    assert got == six + seven and sources == ["snapshots", "log"]
+    assert (reader.committed_batch, reader.committed_job) == (6, "B")
+    eight = writer.batch(8, commit=False)
+    assert drain(reader) == (eight, ["log"])
+
+
+def test_a_position_kept_without_its_job_takes_the_job_from_the_snapshots_stamp(
+    catalog: Catalog, service: LogService
+) -> None:
+    a_seven = left_by_another_job(catalog)
+    writer = Writer(catalog, service.url, job="B")
+    pending = writer.batch(0, commit=False)
+    reader = LogReader(TABLE, catalog=catalog, log_url=service.url, retry_log_seconds=0)
+    # as read_log's offset of an older version sets it: snapshot and batch, no job
+    reader.committed_snapshot, reader.committed_batch, reader.committed_job = a_seven, 7, None
+
+    got, sources = drain(reader)
+
+    assert got == pending and sources == ["log"]
+    assert reader.committed_job == "A"  # from the stamp: another job's batch 7
 
 
 def test_a_down_log_service_makes_the_reader_read_snapshots_with_one_warning(
@@ -668,6 +843,22 @@ def test_a_reader_of_a_table_without_a_log_is_told_how_to_enable_it(
         assert ids_of(reader.poll()) == pending
 
 
+def test_a_jobs_driver_resets_its_tables_logs_naming_the_job(
+    settings: Settings, clock: ManualClock, catalog: Catalog, service: LogService
+) -> None:
+    """What spark_barrier's register does for a job with a log (its JobLog), without Spark:
+    the log learns whose batch ids it holds, and the MetaService where the log is."""
+    table = ensure_table(catalog, TABLE, SCHEMA)
+    with LiveServer(create_app(settings, clock)) as server, MetaServiceClient(server.url) as ms:
+        ms.put_job("events", outputs=[TABLE])
+        job_log = JobLog("external", service.url)
+        job_log.open(ms, "events", {TABLE: table}, 4, {})
+        job_log.close()
+        assert ms.get_table(TABLE).log.address == service.url  # type: ignore[union-attr]
+    status = service.store.existing(TABLE).status()
+    assert (status.job, status.complete_after) == ("events", 4)
+
+
 # -- a table's log status, asked through the MetaService ---------------------------------------
 
 STATUS_FIELDS = {
@@ -683,6 +874,7 @@ STATUS_FIELDS = {
     "spilled_entries",
     "spilled_bytes",
     "spill_folder",
+    "job",
 }
 
 
@@ -693,7 +885,7 @@ def test_a_table_log_status_is_what_its_log_service_holds(
     spec = {"mode": "embedded", "address": service.url}
     assert client.put(f"{API}/tables/{TABLE}/log", json=spec).status_code == 200
     writer = LogWriter(service.url)
-    writer.reset(TABLE, after_batch_id=-1)
+    writer.reset(TABLE, after_batch_id=-1, job="events")
     writer.append(TABLE, barrier=barrier_of(0), batch_id=0, rows=rows(1, 2))
     writer.persisted(TABLE, barrier=barrier_of(0), batch_id=0, snapshot_id=500)
     writer.append(TABLE, barrier=barrier_of(1), batch_id=1, rows=rows(3))
@@ -726,7 +918,7 @@ def test_a_table_log_status_is_what_its_log_service_holds(
         "through_seq": 2,
     }
     assert status["complete_after"] == -1 and status["over_bound"] is False
-    assert status["readers"] == ["dashboard"]
+    assert status["readers"] == ["dashboard"] and status["job"] == "events"
 
 
 class Listening:

@@ -25,17 +25,27 @@ from fastapi.testclient import TestClient
 from metaservice.app import create_app
 from metaservice.client import MetaServiceClient
 from metaservice.clock import ManualClock
-from metaservice.contract import encode_stamp
+from metaservice.contract import encode_stamp, parse_stamp
 from metaservice.logstore import LogClient, LogReader, LogWriter
 from metaservice.logstore.client import LogApiError
 from metaservice.logstore.server import LogService
 from metaservice.logstore.store import EpochChanged, LogGone, LogStore, TableLog
 from metaservice.settings import Settings
 from tests.metaservice import test_expiry, test_revision_swap
-from tests.metaservice.helpers import API, SLOT, T0, assert_error, barrier, get_json
+from tests.metaservice.helpers import (
+    API,
+    SLOT,
+    T0,
+    assert_error,
+    barrier,
+    consistent,
+    get_json,
+    put_job,
+)
 from tests.metaservice.live_server import LiveServer
 from tests.metaservice.test_expiry import Lake
-from tests.metaservice.test_revision_swap import catch_up, ready_revision, swap
+from tests.metaservice.test_revision_swap import catch_up, ready_revision, revision, swap
+from tests.metaservice.test_revisions import created
 
 warehouse = test_expiry.warehouse
 catalog = test_expiry.catalog
@@ -304,3 +314,65 @@ def test_a_swap_of_tables_without_a_log_asks_no_log_service(
     assert not [r for r in caplog.records if r.name == "metaservice.revisions.replaced_logs"]
     for table in ("dw.detail", "dws.summary"):
         assert get_json(client, f"/tables/{table}")["log"] is None
+
+
+def test_after_a_swap_readers_at_the_old_writers_batch_get_the_revision_jobs_batches(
+    client: TestClient, lake: Lake, ms: MetaServiceClient
+) -> None:
+    """The swapped-in table's newest snapshot is the revision's start snapshot, stamped by
+    ``der`` with its batch 7; ``der__rev``'s batch ids start at 0. Asked "after batch 7",
+    its log would skip its batches 0-2 (they are not committed yet: a gap)."""
+    put_job(client, "feed", ["ods.feed"])
+    put_job(client, "src", ["ods.orders"], inputs=["ods.feed"])
+    put_job(client, "der", [TABLE], inputs=["ods.orders"])
+    with LogService(LogStore()) as old, LogWriter(old.url) as der_log:
+        publish(client, TABLE, old.url)
+        der_log.reset(TABLE, after_batch_id=-1, job="der")
+        for batch_id in range(8):
+            n = 100 + batch_id
+            committed(lake, der_log, batch_id, logged(client, lake, der_log, batch_id, n), n)
+        following = LogReader.from_metaservice(
+            TABLE, ms, catalog=lake.catalog, retry_log_seconds=0, check_log_seconds=3600
+        )
+        assert drain(following) == [] and following.source == "log"
+        version = consistent(client, TABLE).json()
+        rid = created(client, TABLE, version["barrier"])["id"]
+        assert revision(client, rid)["state"] == "ready"  # der__rev ran no batch yet
+
+        assert swap(client, rid, wait_seconds=10).json()["state"] == "swapped"
+
+        start = lake.catalog.load_table(TABLE).current_snapshot()
+        assert start is not None and start.snapshot_id == version["snapshots"][TABLE]
+        stamp = parse_stamp(start.summary)
+        assert stamp is not None and (stamp.job, stamp.batch) == ("der", 7)
+        assert drain(following) == [] and following.source == "snapshots"
+    # der__rev's driver registers its log: nothing committed yet, so reset to -1 as its job
+    rev = f"der__rev{rid}"
+    assert get_json(client, f"/jobs/{rev}")["last_batch_id"] is None
+    with LogService(LogStore()) as new, LogWriter(new.url) as rev_log:
+        rev_log.reset(TABLE, after_batch_id=-1, job=rev)
+        publish(client, TABLE, new.url)
+        fresh = LogReader.from_metaservice(TABLE, ms, catalog=lake.catalog, retry_log_seconds=0)
+        assert (fresh.committed_batch, fresh.committed_job) == (7, "der")
+        # while the readers do not poll, der__rev commits its batches 0 and 1 and logs 2
+        for batch_id in range(3):
+            lake.batch("feed", 30 + batch_id, "ods.feed", [batch_id])
+            lake.batch("src", 30 + batch_id, "ods.orders", [batch_id])
+            b = barrier(client, rev, batch_id)["barrier"]
+            rev_log.append(TABLE, barrier=b, batch_id=batch_id, rows=rows(300 + batch_id))
+            if batch_id < 2:
+                summary = encode_stamp(b, rev, batch_id)
+                written = lake.commit(TABLE, summary, b, [300 + batch_id], False)
+                lake.report(rev, batch_id, b, TABLE, written.snapshot_id)
+                rev_log.persisted(
+                    TABLE, barrier=b, batch_id=batch_id, snapshot_id=written.snapshot_id
+                )
+                lake.clock.advance(SLOT)
+
+        for reader in (following, fresh):
+            # from the log's start: it holds every batch der__rev wrote
+            assert (drain(reader), reader.source) == ([300, 301, 302], "log")
+            assert (reader.committed_batch, reader.committed_job) == (1, rev)
+        assert status_of(new.url, TABLE)["job"] == rev
+    for reader in (following, fresh):
+        reader.close()
