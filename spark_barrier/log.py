@@ -125,15 +125,15 @@ class JobLog:
         last_batch: int | None,
         io_properties: Mapping[str, str],
     ) -> None:
-        """Publish the log for ``tables`` and reset each to the job's last committed batch,
+        """Publish the log for ``tables`` and reset each to the job's last committed batch
+        (the MetaService's ``last_batch``, or a later one whose report is still on its way),
         as ``job``'s; an embedded log also takes each table's bound and spill folder (in
         this process: the catalog's properties never go over the wire)."""
         for name, table in tables.items():
             if self._embedded is not None:
                 _configure(self._embedded, name, table, io_properties)
-            self._writer.reset(
-                name, after_batch_id=-1 if last_batch is None else last_batch, job=job
-            )
+            after = _last_committed(table, job, -1 if last_batch is None else last_batch)
+            self._writer.reset(name, after_batch_id=after, job=job)
             client.put_table_log(name, mode=self.mode, address=self.url)
         log.info("job '%s' logs %s to %s (%s)", job, sorted(tables), self.url, self.mode)
 
@@ -155,6 +155,17 @@ class JobLog:
         if self._embedded is not None:
             _release_embedded(self._embedded)
             self._embedded = None
+
+
+def _last_committed(table: Table, job: str, reported: int) -> int:
+    """The job's last batch committed to ``table``: the one the MetaService recorded, or
+    a later one the table holds whose report still waits in the outbox (a log reset to
+    the recorded batch would claim to hold the batches after it, which the previous
+    driver committed and nobody appends again)."""
+    from spark_barrier.iceberg.stamps import list_stamped_snapshots
+
+    stamped = [s.batch for s in list_stamped_snapshots(table) if s.job == job]
+    return max([reported, *stamped])
 
 
 def _configure(

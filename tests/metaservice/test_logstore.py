@@ -859,6 +859,30 @@ def test_a_jobs_driver_resets_its_tables_logs_naming_the_job(
     assert (status.job, status.complete_after) == ("events", 4)
 
 
+def test_a_jobs_driver_resets_its_log_after_a_batch_committed_but_not_yet_reported(
+    settings: Settings, clock: ManualClock, catalog: Catalog, service: LogService
+) -> None:
+    """The previous driver committed batch 6 and its report waits in the outbox (the
+    MetaService knows batch 4): the log is reset after 6, not after 4, so it does not
+    claim to hold batches 5 and 6, which nobody appends again."""
+    table = ensure_table(catalog, TABLE, SCHEMA)
+    for batch in (4, 6):
+        table.append(
+            pa.Table.from_batches([rows(batch)]),
+            snapshot_properties=encode_stamp(barrier_of(batch), "events", batch),
+        )
+    table.append(  # another job's later stamp (a former writer) does not count
+        pa.Table.from_batches([rows(9)]),
+        snapshot_properties=encode_stamp(barrier_of(9), "former", 9),
+    )
+    with LiveServer(create_app(settings, clock)) as server, MetaServiceClient(server.url) as ms:
+        ms.put_job("events", outputs=[TABLE])
+        job_log = JobLog("external", service.url)
+        job_log.open(ms, "events", {TABLE: catalog.load_table(TABLE)}, 4, {})
+        job_log.close()
+    assert service.store.existing(TABLE).status().complete_after == 6
+
+
 # -- a table's log status, asked through the MetaService ---------------------------------------
 
 STATUS_FIELDS = {
