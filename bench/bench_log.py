@@ -1,6 +1,7 @@
 """The log store: how soon a row reaches a reader, beside the table's consistent version.
 
     .venv/bin/python -m bench.bench_log [--seconds 45] [--warmup 15] [--rows-per-second 200]
+        [--triggers 1,0.25]
 
 Part ``latency`` (one run, one Spark driver on local[2], an embedded MetaService with
 1 s barriers): a source job ingests a rate stream into a table with an embedded log.
@@ -13,7 +14,10 @@ In the same run, three readers follow the table:
 
 A row's latency is the time a reader got it minus the time the rate source stamped it
 (its ``timestamp``: when the row entered the job). The log's memory (its ``bytes`` in
-the log service's status) is sampled too.
+the log service's status) is sampled too, and each batch's steps on the driver (the
+``spark_barrier.steps`` log records: the rows reach the log inside ``write``). The part
+runs once per source trigger in ``--triggers`` (a source job may run several batches
+per 1 s barrier slot), one after the other in the same process.
 
 Part ``throughput`` (no Spark): appends of Arrow batches of 10,000 rows to an embedded
 log service from two threads, offered at 1,000,000 rows/s for a few seconds, with a
@@ -71,7 +75,27 @@ class Follower:
         return [lat for at, lat in self.latencies if at >= since_s]
 
 
-def run_latency(args: argparse.Namespace) -> dict[str, Any]:
+class StepRecorder(logging.Handler):
+    """Collects each batch's step durations (``spark_barrier.steps`` records)."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.INFO)
+        self.batches: list[tuple[float, dict[str, float]]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        steps = dict(getattr(record, "steps", {}))
+        total = getattr(record, "total_ms", None)
+        if total is not None:
+            steps["total"] = float(total)
+        self.batches.append((record.created, steps))
+
+    def spreads(self, since_s: float) -> dict[str, Any]:
+        names = sorted({name for _, steps in self.batches for name in steps})
+        measured = [steps for at, steps in self.batches if at >= since_s]
+        return {n: spread([s[n] for s in measured if n in s]) for n in names}
+
+
+def run_latency(args: argparse.Namespace, trigger_s: float) -> dict[str, Any]:
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
@@ -109,7 +133,12 @@ def run_latency(args: argparse.Namespace) -> dict[str, Any]:
                 F.col("value").alias("id"), F.expr("unix_millis(timestamp)").alias("created_ms")
             )
         )
-        query = job.start(stream, job.sink())
+        query = job.start(stream, job.sink(), trigger_seconds=trigger_s)
+        recorder = StepRecorder()
+        steps_log = logging.getLogger("spark_barrier.steps")
+        steps_log.addHandler(recorder)
+        steps_log.setLevel(logging.INFO)
+        steps_log.propagate = False
         log_reader = LogReader.from_metaservice(TABLE, client, catalog=job.catalog)
         snapshot_reader = LogReader(TABLE, log_url=None, catalog=job.catalog)
         on_log, on_snapshots = Follower(log_reader), Follower(snapshot_reader)
@@ -132,6 +161,7 @@ def run_latency(args: argparse.Namespace) -> dict[str, Any]:
                     memory.append((now, status["bytes"]))
                 time.sleep(SAMPLE_EVERY_S)
         finally:
+            steps_log.removeHandler(recorder)
             spark_barrier.stop_between_batches(query)
             on_log.stop()
             on_snapshots.stop()
@@ -145,13 +175,14 @@ def run_latency(args: argparse.Namespace) -> dict[str, Any]:
         "rows_per_second_offered": args.rows_per_second,
         "warmup_seconds_excluded": args.warmup,
         "measured_seconds": args.seconds,
-        "source_trigger_s": 1.0,
+        "source_trigger_s": trigger_s,
         "row_to_log_reader_ms": spread(on_log.measured(since)),
         "rows_the_log_reader_got_from_the_log": on_log.from_log,
         "row_to_snapshot_reader_ms": spread(on_snapshots.measured(since)),
         "now_minus_consistent_version_ms": spread([v for v in measured_versions if v is not None]),
         "samples_without_consistent_version": sum(1 for v in measured_versions if v is None),
         "log_bytes_held": spread([float(b) for at, b in memory if at >= since]),
+        "source_batch_steps_ms": recorder.spreads(since),
     }
 
 
@@ -234,6 +265,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=int, default=45, help="measured seconds")
     parser.add_argument("--warmup", type=int, default=15, help="seconds left out first")
     parser.add_argument("--rows-per-second", type=int, default=200)
+    parser.add_argument(
+        "--triggers",
+        default="1,0.25",
+        help="source triggers in seconds, comma-separated: one latency run each",
+    )
     parser.add_argument("--part", choices=("latency", "throughput", "all"), default="all")
     parser.add_argument("--out", default="bench/results/log.json")
     args = parser.parse_args(argv)
@@ -245,8 +281,9 @@ def main(argv: list[str] | None = None) -> None:
         "machine": {**host_facts(), "pyspark": package_version("pyspark")},
         "loadavg_start": loadavg(),
     }
+    triggers = [float(t) for t in args.triggers.split(",")]
     parts: dict[str, Callable[[], dict[str, Any]]] = {
-        "latency": lambda: run_latency(args),
+        "latency": lambda: {f"trigger_{t:g}s": run_latency(args, t) for t in triggers},
         "throughput": run_throughput,
     }
     for name, part in parts.items():
