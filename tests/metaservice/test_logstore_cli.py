@@ -5,14 +5,9 @@ standalone ``metaservice log start`` in a subprocess stopped with Ctrl-C (SIGINT
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pyarrow as pa
 import pytest
 from typer.testing import CliRunner, Result
@@ -27,6 +22,7 @@ from metaservice.logstore.server import LogService
 from metaservice.settings import Settings
 from tests.faults.processes import free_port
 from tests.metaservice.live_server import LiveServer
+from tests.metaservice.log_cli import ctrl_c, log_start
 
 ORDERS, CLICKS, PLAIN = "dw.orders", "dw.clicks", "dw.plain"
 
@@ -82,40 +78,9 @@ def test_log_status_of_a_table_without_a_log_says_how_to_enable_it(server: LiveS
 
 
 def test_log_start_serves_until_ctrl_c(tmp_path: Path) -> None:
-    port = free_port()
-    started = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "metaservice.cli",
-            "log",
-            "start",
-            "--port",
-            str(port),
-            "--max-bytes",
-            "64M",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert started.poll() is None and time.monotonic() < deadline, started.communicate()
-            time.sleep(0.1)
+    with log_start("--max-bytes", "64M") as (started, url):
         LogWriter(url).append(ORDERS, barrier=1000, batch_id=0, rows=pa.table({"id": [1]}))
-        started.send_signal(signal.SIGINT)
-        _out, err = started.communicate(timeout=30)
-    finally:
-        if started.poll() is None:
-            started.kill()
+        err = ctrl_c(started)
     assert started.returncode == 0, err
     assert f"log service on {url}" in err and "64 MiB per table" in err and "Ctrl-C" in err
     assert "log service stopped" in err and "Traceback" not in err

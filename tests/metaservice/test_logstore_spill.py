@@ -8,10 +8,6 @@ service on loopback.
 from __future__ import annotations
 
 import logging
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -22,7 +18,7 @@ from metaservice.logstore import LogClient, LogWriter
 from metaservice.logstore.server import LogService
 from metaservice.logstore.spill import Spill
 from metaservice.logstore.store import LogStore, TableLog
-from tests.faults.processes import free_port
+from tests.metaservice.log_cli import ctrl_c, log_start
 
 TABLE = "dw.events"
 SCHEMA = pa.schema([pa.field("id", pa.int64())])
@@ -167,33 +163,11 @@ def test_log_start_spills_to_its_spill_dir_and_refuses_a_bad_property(tmp_path: 
     bad = CliRunner().invoke(cli_app, ["log", "start", "--spill-property", "endpoint"])
     assert bad.exit_code == 2 and "is not KEY=VALUE" in bad.output
 
-    port = free_port()
-    command = ["log", "start", "--port", str(port), "--max-bytes", "0"]
-    started = subprocess.Popen(
-        [sys.executable, "-m", "metaservice.cli", *command, "--spill-dir", str(tmp_path / "spill")],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert started.poll() is None and time.monotonic() < deadline, started.communicate()
-            time.sleep(0.1)
+    with log_start("--max-bytes", "0", "--spill-dir", str(tmp_path / "spill")) as (started, url):
         with LogWriter(url) as writer:
             writer.append(TABLE, barrier=T0, batch_id=0, rows=rows(1))
             files = writer.claim_spilled(TABLE, batch_id=0)
-        started.send_signal(signal.SIGINT)
-        _out, err = started.communicate(timeout=30)
-    finally:
-        if started.poll() is None:
-            started.kill()
+        err = ctrl_c(started)
     assert started.returncode == 0, err
     assert f"spills to {tmp_path / 'spill'}" in err
     assert files == [str(tmp_path / "spill" / TABLE / Path(files[0]).name)]

@@ -15,11 +15,9 @@ from __future__ import annotations
 import sys
 import time
 
-from pyspark.sql import functions as F
-
 import spark_barrier
 from spark_barrier import local_spark_builder
-from tests.spark_barrier.pipeline import NUMBERS_SCHEMA
+from tests.spark_barrier.pipeline import NUMBERS_SCHEMA, rate_numbers
 
 JOB, TABLE = "ingest_logged", "ods.logged"
 
@@ -40,12 +38,7 @@ def main(
         log="external" if log_url else "embedded",
         log_url=log_url,
     )
-    stream = (
-        spark.readStream.format("rate")
-        .option("rowsPerSecond", 20)
-        .load()
-        .select(F.col("value").alias("id"), F.lit(0).cast("long").alias("barrier"))
-    )
+    stream = rate_numbers(spark, 20)
     query = job.start(stream, job.sink(), trigger_seconds=0.5)
     deadline = time.monotonic() + 180
     try:

@@ -84,6 +84,16 @@ class DrivenSource:
         return barrier
 
 
+def rate_numbers(spark: SparkSession, rows_per_second: int) -> DataFrame:
+    """A rate stream as NUMBERS_SCHEMA rows: ids 0, 1, 2... (barrier 0: the sink stamps)."""
+    return (
+        spark.readStream.format("rate")
+        .option("rowsPerSecond", rows_per_second)
+        .load()
+        .select(F.col("value").alias("id"), F.lit(0).cast("long").alias("barrier"))
+    )
+
+
 def ids_of(frame: DataFrame) -> list[int]:
     return sorted(r.id for r in frame.select("id").collect())
 
