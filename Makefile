@@ -25,7 +25,8 @@ demo: install
 # test has its own database, schema, folders and ports), then the Spark tests (-m spark)
 # in one process, since they share one SparkSession and one cluster and each JVM wants
 # both cores. On two cores the first run took 10:27 with 2 workers against 16:06 in one
-# process. TEST_WORKERS=0 runs the first part in this process. Exit status 5 (no test
+# process (side by side, another test run beside both); a clean clone's .ci/run took
+# 19:36 in all (9:49 + 9:35). TEST_WORKERS=0 runs the first part in this process. Exit status 5 (no test
 # selected) counts as success.
 TEST_WORKERS ?= 2
 test: install
