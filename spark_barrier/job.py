@@ -385,15 +385,18 @@ class BarrierJob:
             )
         return self._exact_version(table, ctx.barrier)
 
-    def _exact_version(self, table: str, barrier: int) -> ConsistentVersion:
+    def _exact_version(self, table: str, barrier: int) -> ConsistentVersion | None:
         """The version of ``table`` that is its state at ``barrier``, leased; waits until
-        the table is final there.
+        the table is final there. None: final there with nothing committed at or before
+        it, so its state is empty.
 
         Usually a version at ``barrier`` itself. When the table is final at ``barrier``
         (its frontier is at or past it) but ``barrier`` is not in its history (a job's
         own batch may start at an end Spark planned while the MetaService advanced the
         idle job past it), the newest version before it is the same state: nothing was
-        committed in between, and nothing can be any more."""
+        committed in between, and nothing can be any more. The same advance can make a
+        table final before its first commit (a derived job whose inputs had no rows yet):
+        the service has no version of it to give, and the state is empty."""
         started = time.monotonic()
         deadline = started + self.patience_s
         delay = 0.05
@@ -423,7 +426,9 @@ class BarrierJob:
                         self.release_lease(leased.lease_id)
                 answer = f"version at {seen}, not final at {barrier}"
             except ConflictError as exc:
-                answer = f"409 {exc.code}"  # e.g. no consistent version of the table yet
+                answer = f"409 {exc.code}"
+                if exc.code == "no_consistent_version" and self._empty_at(table, barrier):
+                    return None
             except Unavailable as exc:
                 answer = f"MetaService unavailable ({exc})"
                 log.debug("job %s waits for the MetaService to read %s: %s", self.name, table, exc)
@@ -442,6 +447,18 @@ class BarrierJob:
     def _final_at(self, table: str, barrier: int) -> bool:
         frontier = self.client.get_table(table).frontier
         return frontier is not None and frontier >= barrier
+
+    def _empty_at(self, table: str, barrier: int) -> bool:
+        """Whether ``table`` is final at ``barrier`` with nothing committed at or before
+        it. The frontier is read first, then the version asked again: a commit recorded
+        between an earlier answer and the frontier read would otherwise go unseen."""
+        if not self._final_at(table, barrier):
+            return False
+        try:
+            self.client.consistent_version([table], at_or_before=barrier)
+        except ConflictError as exc:
+            return exc.code == "no_consistent_version"
+        return False  # a version appeared: the loop leases it
 
     def release_lease(self, lease_id: str) -> None:
         try:

@@ -121,6 +121,42 @@ def test_read_waits_until_the_lookup_is_exact_at_the_barrier_and_leases_it(
         client.delete_lease(version.lease_id)
 
 
+def test_a_jobs_own_output_advanced_before_its_first_commit_reads_empty(
+    service: Any, tmp_path: Path
+) -> None:
+    """The MetaService advanced the idle job from 0 straight to a later barrier before it
+    committed anything (its inputs had no rows yet), so no version of its output lies at
+    or before a batch start below that barrier; the output is final there and empty.
+    (The demo's revenue job once waited forever on exactly this.)"""
+    client, clock = service
+    client.put_job("report", inputs=["dw.detail"], outputs=["dws.report"])
+    clock.advance(5 * SLOT)
+    client.next_barrier("report")  # plans the downstream job: advances the idle 'enrich'
+    advanced_to = client.get_table("dw.detail").frontier
+    assert advanced_to is not None and advanced_to > T0
+    enrich = job(client, tmp_path, patience_s=2)
+    ctx = BatchContext(enrich, batch_id=0, barrier=advanced_to + SLOT, start_barrier=T0)
+    started = time.monotonic()
+    assert enrich.version_in_batch(ctx, "dw.detail") is None
+    assert time.monotonic() - started < 1.0
+    # At the advanced barrier itself the service has a version: no snapshot.
+    ctx = BatchContext(enrich, batch_id=0, barrier=advanced_to + SLOT, start_barrier=advanced_to)
+    version = enrich.version_in_batch(ctx, "dw.detail")
+    assert version is not None and version.snapshots == {"dw.detail": None}
+
+
+def test_an_output_not_yet_final_at_the_batch_start_is_waited_for(
+    service: Any, tmp_path: Path
+) -> None:
+    """Without a version and not final at the start: the read waits (the empty answer
+    above is only for a table whose frontier has passed the start)."""
+    client, _ = service
+    enrich = job(client, tmp_path, patience_s=0.5)
+    ctx = BatchContext(enrich, batch_id=1, barrier=T0 + 2 * SLOT, start_barrier=T0 + SLOT)
+    with pytest.raises(BarrierBatchError, match=r"'dw.detail' is not exact at barrier"):
+        enrich.version_in_batch(ctx, "dw.detail")
+
+
 def test_read_gives_up_when_the_lookup_never_gets_exact(service: Any, tmp_path: Path) -> None:
     client, _ = service
     enrich = job(client, tmp_path, patience_s=0.5)
