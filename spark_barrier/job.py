@@ -432,6 +432,15 @@ class BarrierJob:
             except Unavailable as exc:
                 answer = f"MetaService unavailable ({exc})"
                 log.debug("job %s waits for the MetaService to read %s: %s", self.name, table, exc)
+            if _stop_requested(self.name):
+                # query.stop() waits for this call to return: give up now; nothing of the
+                # batch is committed, and the next run replays it.
+                raise BarrierBatchError(
+                    f"job '{self.name}' is stopping: gave up waiting for '{table}' to be "
+                    f"exact at barrier {barrier} (last answer: {answer}); the next run "
+                    "replays the batch",
+                    code="stopping",
+                )
             if time.monotonic() + delay > deadline:
                 raise BarrierBatchError(
                     f"job '{self.name}': '{table}' is not exact at barrier {barrier} after "
@@ -777,6 +786,14 @@ def _sink_busy(query_name: str) -> bool:
         return _batches_running.get(query_name, 0) > 0
 
 
+_stopping: set[str] = set()  # queries in stop_between_batches (their names are job names)
+
+
+def _stop_requested(query_name: str) -> bool:
+    with _batches_lock:
+        return query_name in _stopping
+
+
 def stop_between_batches(query: StreamingQuery, timeout: float = 60.0) -> None:
     """Stop ``query`` when its sink is between batches, so no commit is interrupted halfway.
 
@@ -784,11 +801,23 @@ def stop_between_batches(query: StreamingQuery, timeout: float = 60.0) -> None:
     idle could wait forever; what matters is that no ``foreachBatch`` call is in the
     middle of a commit. Interrupting one is safe (the next run replays it exactly once)
     but noisy; after ``timeout`` seconds the query is stopped anyway.
+
+    A batch that is waiting for another job (``ctx.read`` of a table not exact yet)
+    gives up at once with ``BarrierBatchError`` code ``stopping``: Spark's stop waits
+    for the running ``foreachBatch`` call to return, which could otherwise take the
+    job's whole patience.
     """
-    deadline = time.monotonic() + timeout
-    while query.isActive and _sink_busy(query.name or "") and time.monotonic() < deadline:
-        time.sleep(0.01)
-    query.stop()
+    name = query.name or ""
+    with _batches_lock:
+        _stopping.add(name)
+    try:
+        deadline = time.monotonic() + timeout
+        while query.isActive and _sink_busy(name) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        query.stop()
+    finally:
+        with _batches_lock:
+            _stopping.discard(name)
 
 
 _listeners: dict[tuple[int, str], BarrierListener] = {}

@@ -166,6 +166,47 @@ def test_read_gives_up_when_the_lookup_never_gets_exact(service: Any, tmp_path: 
     assert error.value.code == "not_exact"
 
 
+class _StoppableQuery:
+    """What stop_between_batches uses of a StreamingQuery (no Spark in this module)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.isActive = True
+
+    def stop(self) -> None:
+        self.isActive = False
+
+
+def test_stopping_the_query_ends_a_batch_waiting_for_a_table(service: Any, tmp_path: Path) -> None:
+    """query.stop() waits for the running foreachBatch call; a batch waiting for a table
+    that is not exact yet gives up at once (code stopping) instead of after its patience."""
+    client, _ = service
+    enrich = job(client, tmp_path, patience_s=120)
+    barrier = client.batch_barrier("src_items", 0).barrier  # never committed
+    errors: list[BaseException] = []
+
+    def batch() -> None:
+        with job_module._in_batch("enrich"):
+            try:
+                enrich._exact_version("ods.items", barrier)
+            except BaseException as exc:
+                errors.append(exc)
+
+    running = threading.Thread(target=batch)
+    running.start()
+    while not job_module._sink_busy("enrich"):
+        time.sleep(0.01)
+    started = time.monotonic()
+    query = _StoppableQuery("enrich")
+    job_module.stop_between_batches(query, timeout=60)  # type: ignore[arg-type]
+    running.join(timeout=10)
+    assert time.monotonic() - started < 5
+    assert not query.isActive
+    assert len(errors) == 1 and isinstance(errors[0], BarrierBatchError)
+    assert errors[0].code == "stopping"
+    assert not job_module._stop_requested("enrich")  # a restarted query runs normally
+
+
 def test_a_read_that_waits_long_says_on_what_once(
     service: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any
 ) -> None:
