@@ -46,7 +46,7 @@ from spark_barrier.iceberg.cdc import declare_keys
 from spark_barrier.iceberg.commit import Mode, check_mode, commit_batch
 from spark_barrier.iceberg.partitioning import PartitionSpecError
 from spark_barrier.iceberg.read import read_snapshot
-from spark_barrier.iceberg.stamps import find_batch_commit
+from spark_barrier.iceberg.stamps import find_batch_commit, snapshot_at
 from spark_barrier.inputs import (
     StreamedInput,
     batch_frame,
@@ -460,14 +460,20 @@ class BarrierJob:
     def _empty_at(self, table: str, barrier: int) -> bool:
         """Whether ``table`` is final at ``barrier`` with nothing committed at or before
         it. The frontier is read first, then the version asked again: a commit recorded
-        between an earlier answer and the frontier read would otherwise go unseen."""
+        between an earlier answer and the frontier read would otherwise go unseen. The
+        table itself must hold no snapshot stamped at or below ``barrier`` either: the
+        service's history is its current writer's, and rows another writer committed
+        there (before a job was deleted and registered again, say) are not nothing."""
         if not self._final_at(table, barrier):
             return False
         try:
             self.client.consistent_version([table], at_or_before=barrier)
         except ConflictError as exc:
-            return exc.code == "no_consistent_version"
-        return False  # a version appeared: the loop leases it
+            if exc.code != "no_consistent_version":
+                return False
+        else:
+            return False  # a version appeared: the loop leases it
+        return snapshot_at(self.table(table), barrier) is None
 
     def release_lease(self, lease_id: str) -> None:
         try:

@@ -15,16 +15,20 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pyarrow as pa
 import pytest
 from fastapi.testclient import TestClient
+from pyiceberg.catalog import Catalog
 
 from metaservice.app import create_app
 from metaservice.client import MetaServiceClient, NotFoundError
 from metaservice.clock import ManualClock
+from metaservice.contract import encode_stamp
 from metaservice.migrate import upgrade
 from metaservice.settings import Settings
 from spark_barrier import BarrierBatchError, BarrierConfigError, BarrierJob, BatchContext
 from spark_barrier import job as job_module
+from spark_barrier.iceberg.catalog import ensure_table, open_catalog
 
 T0 = 1_700_000_000_000
 SLOT = 1000
@@ -57,6 +61,7 @@ def service(tmp_path: Path) -> Iterator[tuple[MetaServiceClient, ManualClock]]:
 
 
 def job(client: MetaServiceClient, tmp_path: Path, **kwargs: Any) -> BarrierJob:
+    catalog = kwargs.pop("catalog", None)
     settings: dict[str, Any] = {
         "name": "enrich",
         "inputs": ["ods.orders"],
@@ -67,7 +72,7 @@ def job(client: MetaServiceClient, tmp_path: Path, **kwargs: Any) -> BarrierJob:
     return BarrierJob(
         spark=None,  # type: ignore[arg-type]
         client=client,
-        catalog=None,  # type: ignore[arg-type]
+        catalog=catalog,
         catalog_options={},
         state_dir=tmp_path,
         reporter=None,  # type: ignore[arg-type]
@@ -121,20 +126,33 @@ def test_read_waits_until_the_lookup_is_exact_at_the_barrier_and_leases_it(
         client.delete_lease(version.lease_id)
 
 
+def _catalog_with_detail(tmp_path: Path) -> Catalog:
+    """A real SQL catalog holding 'dw.detail', empty, as register() creates it."""
+    catalog = open_catalog(f"sqlite:///{tmp_path / 'catalog.db'}", str(tmp_path / "wh"))
+    ensure_table(catalog, "dw.detail", pa.schema([("order_id", pa.int64())]))
+    return catalog
+
+
+def _advance_enrich_idle(client: MetaServiceClient, clock: ManualClock) -> int:
+    """The MetaService advances the idle 'enrich' (its inputs have no rows) from 0 straight
+    to a later barrier, before it commits anything; returns that barrier."""
+    client.put_job("report", inputs=["dw.detail"], outputs=["dws.report"])
+    clock.advance(5 * SLOT)
+    client.next_barrier("report")  # plans the downstream job: advances 'enrich'
+    advanced_to = client.get_table("dw.detail").frontier
+    assert advanced_to is not None and advanced_to > T0
+    return advanced_to
+
+
 def test_a_jobs_own_output_advanced_before_its_first_commit_reads_empty(
     service: Any, tmp_path: Path
 ) -> None:
-    """The MetaService advanced the idle job from 0 straight to a later barrier before it
-    committed anything (its inputs had no rows yet), so no version of its output lies at
-    or before a batch start below that barrier; the output is final there and empty.
-    (The demo's revenue job once waited forever on exactly this.)"""
+    """No version of the output lies at or before a batch start below the barrier the
+    job was advanced to; the output is final there and holds nothing: it reads empty at
+    once. (The demo's revenue job once waited its whole patience on exactly this.)"""
     client, clock = service
-    client.put_job("report", inputs=["dw.detail"], outputs=["dws.report"])
-    clock.advance(5 * SLOT)
-    client.next_barrier("report")  # plans the downstream job: advances the idle 'enrich'
-    advanced_to = client.get_table("dw.detail").frontier
-    assert advanced_to is not None and advanced_to > T0
-    enrich = job(client, tmp_path, patience_s=2)
+    advanced_to = _advance_enrich_idle(client, clock)
+    enrich = job(client, tmp_path, patience_s=2, catalog=_catalog_with_detail(tmp_path))
     ctx = BatchContext(enrich, batch_id=0, barrier=advanced_to + SLOT, start_barrier=T0)
     started = time.monotonic()
     assert enrich.version_in_batch(ctx, "dw.detail") is None
@@ -143,6 +161,24 @@ def test_a_jobs_own_output_advanced_before_its_first_commit_reads_empty(
     ctx = BatchContext(enrich, batch_id=0, barrier=advanced_to + SLOT, start_barrier=advanced_to)
     version = enrich.version_in_batch(ctx, "dw.detail")
     assert version is not None and version.snapshots == {"dw.detail": None}
+
+
+def test_rows_another_writer_committed_there_are_not_read_as_empty(
+    service: Any, tmp_path: Path
+) -> None:
+    """The same answers from the service, but the table holds a snapshot stamped at or
+    below the barrier (committed by a writer the service no longer knows): the read
+    does not pretend the table is empty; it waits, and says on what."""
+    client, clock = service
+    advanced_to = _advance_enrich_idle(client, clock)
+    catalog = _catalog_with_detail(tmp_path)
+    table = catalog.load_table("dw.detail")
+    with table.transaction() as txn:
+        txn.append(pa.table({"order_id": [1]}), encode_stamp(T0, "old_enrich", 0))
+    enrich = job(client, tmp_path, patience_s=0.5, catalog=catalog)
+    ctx = BatchContext(enrich, batch_id=0, barrier=advanced_to + SLOT, start_barrier=T0)
+    with pytest.raises(BarrierBatchError, match="no_consistent_version"):
+        enrich.version_in_batch(ctx, "dw.detail")
 
 
 def test_an_output_not_yet_final_at_the_batch_start_is_waited_for(
