@@ -38,6 +38,19 @@ next-barrier, barrier and report, the consistent version of 10 tables, lineage u
 at depth 3, a table, its snapshots in the newest slots, a page of tables. ``--quick``
 stops at 10,000 tables and 1 million commits. See bench/README.md.
 
+Fleet (``--part fleet``, results in ``bench/results/service-fleet.json``), PostgreSQL: a
+simulated driver per job of build_topology's layered DAG (``--jobs``, 40 % sources) at
+1 s barriers, each sending what spark_barrier sends: a source each second its batch's
+barrier, its report through the outbox (``POST /commits/batch``), the listener's
+progress event and the offline grant's heartbeat; a derived job long-polling
+``next-barrier`` once per input until they agree on a new end, then the barrier, the
+report and the event. Measured over ``--seconds`` after a warm-up: barrier latency
+p50/p99 (goal p99 <= 50 ms), requests served per second by kind, batches per job per
+second and the slots they skipped, CPU of the load generator, the service and
+PostgreSQL, beside ``GET /healthz`` of the same service. ``--part replicas``: the
+same at the largest ``--jobs`` against one and then two single-worker replicas of the
+service on one database (drivers split between them), and their ratio (goal >= 1.7).
+
 Latencies are measured by one client, sequentially, and include HTTP and JSON on
 loopback. The service runs as ``uvicorn --factory metaservice.app:create_app`` (what
 ``metaservice start`` runs), started and stopped by this script on a free port.
@@ -45,8 +58,9 @@ loopback. The service runs as ``uvicorn --factory metaservice.app:create_app`` (
 Usage:
     python -m bench.bench_service [--out bench/results/service.json] [--quick]
                                   [--db sqlite|postgres|both] [--workers 1]
-                                  [--part writes|cycles|reads|growth|all]
+                                  [--part writes|cycles|reads|growth|fleet|replicas|all]
                                   [--label NAME] [--tables 1000,...] [--commits 10000,...]
+                                  [--jobs 1000,...] [--seconds 60] [--wait-ms 2000]
 PostgreSQL URL: --pg-url, else METASERVICE_TEST_PG_URL, else
 postgresql+psycopg://postgres@127.0.0.1:5432/test. Each part runs in its own schema,
 dropped afterwards.
@@ -55,6 +69,8 @@ dropped afterwards.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -1351,6 +1367,530 @@ def merge_growth(path: Path, new: dict[str, Any]) -> dict[str, Any]:
     return {"machines": machines[-10:], "runs": runs}
 
 
+# --------------------------------------------------------------------------- fleet
+
+# What a running job sends, after spark_barrier (restated: importing spark_barrier.job
+# would load pyspark). A source query fires at every multiple of its 1 s trigger
+# (Spark's ProcessingTimeExecutor aligns triggers to the epoch, so every source of the
+# fleet fires at the same instant); a derived query triggers continuously, its barrier
+# sources long-polling next-barrier; a source driver reports in for its offline grant
+# every second.
+SOURCE_TRIGGER_S = 1.0  # spark_barrier.job.SOURCE_TRIGGER_S
+NEXT_BARRIER_WAIT_MS = 2000  # spark_barrier.job.NEXT_BARRIER_WAIT_MS
+GRANT_EVERY_S = 1.0  # spark_barrier.offline.OfflineBarriers(heartbeat_s=1.0)
+SPARK_POLLING_DELAY_S = 0.01  # spark.sql.streaming.pollingDelay: a trigger with no new data
+# Not the service's: Spark planning a batch before its sink asks for the barrier (drawn
+# uniformly up to this), and the batch's work between its barrier and its report.
+FLEET_PLANNING_S = 0.1
+FLEET_BATCH_WORK_S = 0.1
+FLEET_WARMUP_S = 5.0  # excluded: the first derived batches catch up two minutes of history
+FLEET_DRAIN_S = 60.0  # after the window, how long in-flight requests may take to finish
+BARRIER_REQUESTS = ("source: barrier", "derived: barrier")
+
+
+class _Recorder:
+    """Latencies (of requests started in the measured window), responses served in it,
+    and every error, by request kind."""
+
+    def __init__(self, start: float, end: float) -> None:
+        self.start, self.end = start, end
+        self.samples: dict[str, list[float]] = {}
+        self.served: dict[str, int] = {}
+        self.errors: list[str] = []
+
+    def in_window(self, t: float) -> bool:
+        return self.start <= t < self.end
+
+    async def call(
+        self, what: str, request: Any, expected: tuple[str, ...] = ()
+    ) -> dict[str, Any] | None:
+        """Await ``request`` (an httpx coroutine); its JSON, or None after an error. A 409
+        whose code is ``expected`` is an answer (its JSON), not an error."""
+        t0 = time.time()
+        try:
+            response = await request
+        except httpx.HTTPError as exc:
+            self.errors.append(f"{what}: {exc!r}")
+            return None
+        t1 = time.time()
+        if self.in_window(t0):
+            self.samples.setdefault(what, []).append(t1 - t0)
+        if self.in_window(t1):
+            self.served[what] = self.served.get(what, 0) + 1
+        if response.status_code == 409 and response.json().get("code") in expected:
+            return response.json()  # type: ignore[no-any-return]
+        if response.status_code >= 300:
+            self.errors.append(f"{what}: {response.status_code} {response.text[:300]}")
+            return None
+        return response.json()  # type: ignore[no-any-return]
+
+
+class _Sender:
+    """A driver's background delivery, a queue and a task: the report outbox (every
+    pending report in one ``POST /commits/batch``) or the listener's thread (one ``POST
+    /jobs/{job}/events`` per event)."""
+
+    def __init__(
+        self, rec: _Recorder, what: str, send: Callable[[list[Any]], Any], together: bool
+    ) -> None:
+        self.rec, self.what, self.send, self.together = rec, what, send, together
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.task = asyncio.create_task(self._deliver())
+
+    async def _deliver(self) -> None:
+        while True:
+            items = [await self.queue.get()]
+            while self.together and not self.queue.empty():
+                items.append(self.queue.get_nowait())
+            await self.rec.call(self.what, self.send(items))
+            for _ in items:
+                self.queue.task_done()
+
+    async def drained(self, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.queue.join(), timeout)
+        self.task.cancel()
+
+
+@dataclass
+class _FleetJob:
+    """One simulated driver: a job of the fleet's topology, and what it did."""
+
+    name: str
+    table: str
+    inputs: list[str]
+    batch: int  # the next batch id
+    frontier: int  # where the next batch starts (a source: its last barrier)
+    http: httpx.AsyncClient
+    spans: list[tuple[int, int]]  # (start, end] of its batches started in the window
+    last_reported: int | None = None
+    lag_slots: int | None = None  # behind the clock when the window ended
+
+    def start(self, rec: _Recorder) -> None:
+        job, http = self.name, self.http
+        self.outbox = _Sender(
+            rec,
+            "report (outbox: POST /commits/batch)",
+            lambda items: http.post("/commits/batch", json={"commits": items}),
+            together=True,
+        )
+        self.listener = _Sender(
+            rec,
+            "listener event (POST /jobs/{job}/events)",
+            lambda items: http.post(f"/jobs/{job}/events", json=items[0]),
+            together=False,
+        )
+        self.listener.queue.put_nowait({"event": "started", "run_id": self.query_id})
+
+    @property
+    def query_id(self) -> str:
+        return f"fleet-{self.name}"
+
+    async def batch_barrier(
+        self, rec: _Recorder, what: str, plan: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """The service's answer for the next batch: its barrier, or ``empty_range`` (a
+        derived batch the service advanced the job past: Spark moves on without it);
+        None after an error. Keeps the slots the batch spans."""
+        t0 = time.time()
+        path = f"/jobs/{self.name}/batches/{self.batch}/barrier"
+        request = self.http.post(path, json={**plan, "query_id": self.query_id})
+        answer = await rec.call(what, request, expected=("empty_range",))
+        if answer is None:
+            return None
+        start = answer.get("start_barrier") or plan.get("start") or self.frontier
+        end = answer.get("barrier") or plan["end"]
+        if rec.in_window(t0) and start:
+            self.spans.append((start, end))
+        return answer
+
+    def skip(self, end: int) -> None:
+        """An empty batch: no commit, no report; the next starts at its end."""
+        self.frontier = end
+        self.batch += 1
+
+    async def commit(self, barrier: int, started: float) -> None:
+        """The batch's work, then its report to the outbox and its progress to the listener."""
+        await asyncio.sleep(FLEET_BATCH_WORK_S)
+        report = {"job": self.name, "batch_id": self.batch, "barrier": barrier}
+        self.outbox.queue.put_nowait(
+            {**report, "table": self.table, "snapshot_id": 10**12 + self.batch}
+        )
+        progress = {"event": "progress", "run_id": self.query_id, "batch_id": self.batch}
+        progress |= {"num_input_rows": 100, "duration_ms": int((time.time() - started) * 1000)}
+        self.listener.queue.put_nowait(progress)
+        self.last_reported, self.frontier = self.batch, barrier
+        self.batch += 1
+
+    def behind(self) -> None:
+        self.lag_slots = (_slot_now() - self.frontier) // INTERVAL_MS
+
+
+async def _source_job(job: _FleetJob, rec: _Recorder, rng: random.Random) -> None:
+    """At each whole second: planning, barrier, work, report; the grant every second."""
+    grant = asyncio.create_task(_report_in(job, rec))
+    next_trigger = time.time()
+    while True:
+        await asyncio.sleep(max(0.0, next_trigger - time.time()))
+        started = time.time()
+        next_trigger = (started // SOURCE_TRIGGER_S + 1) * SOURCE_TRIGGER_S
+        if started >= rec.end:
+            break
+        await asyncio.sleep(rng.uniform(0, FLEET_PLANNING_S))
+        answer = await job.batch_barrier(rec, "source: barrier", {})
+        if answer is not None:  # else the next trigger asks again for the same batch
+            await job.commit(answer["barrier"], started)
+    job.behind()
+    grant.cancel()
+
+
+async def _report_in(job: _FleetJob, rec: _Recorder) -> None:
+    """The offline grant's heartbeat: the promise is the job's current clock slot (or
+    its last barrier, if later), as ``OfflineBarriers._promise`` makes it."""
+    while True:
+        await asyncio.sleep(GRANT_EVERY_S)
+        promise = max(job.frontier, _slot_now())
+        path = f"/jobs/{job.name}/offline-grant"
+        await rec.call("source: offline grant", job.http.put(path, json={"floor": promise}))
+
+
+def _slot_now() -> int:
+    now_ms = int(time.time() * 1000)
+    return now_ms - now_ms % INTERVAL_MS
+
+
+async def _derived_job(job: _FleetJob, rec: _Recorder, rng: random.Random, wait_ms: int) -> None:
+    """Each trigger, every barrier source asks next-barrier in turn; once they agree on
+    a new end: planning, barrier (with the planned start and end), work, report."""
+    while time.time() < rec.end:
+        started = time.time()
+        ends = set()
+        for table in job.inputs:
+            params: dict[str, Any] = {"after": job.frontier, "source": table, "wait_ms": wait_ms}
+            nxt = await rec.call(
+                "derived: next-barrier (long poll)",
+                job.http.get(f"/jobs/{job.name}/next-barrier", params=params),
+            )
+            ends.add(nxt["barrier"] if nxt is not None and nxt["ready"] else None)
+        end = ends.pop() if len(ends) == 1 else None
+        if end is None or end <= job.frontier:
+            await asyncio.sleep(SPARK_POLLING_DELAY_S)
+            continue
+        await asyncio.sleep(rng.uniform(0, FLEET_PLANNING_S))
+        plan = {"start": job.frontier, "end": end}
+        answer = await job.batch_barrier(rec, "derived: barrier", plan)
+        if answer is None:
+            return  # a refused plan stops a real query
+        if "code" in answer:
+            job.skip(end)
+        else:
+            await job.commit(answer["barrier"], started)
+    job.behind()
+
+
+def _fleet_views(url: str) -> list[dict[str, Any]]:
+    """The jobs as their drivers see them at start (``GET /jobs``: inputs, frontier,
+    last batch id)."""
+    views: list[dict[str, Any]] = []
+    with httpx.Client(base_url=url + API, timeout=120) as http:
+        while True:
+            page = _ok(http.get("/jobs", params={"limit": 100, "offset": len(views)}))
+            views += page["items"]
+            if not page["items"] or len(views) >= page["total"]:
+                return views
+
+
+async def _drive_fleet(
+    servers: list[Server], views: list[dict[str, Any]], seconds: float, wait_ms: int
+) -> dict[str, Any]:
+    """Run a driver per job of ``views`` (job i on replica i mod n) through the warm-up
+    and ``seconds`` more; what was measured in those ``seconds``.
+
+    Each driver has its own client, as real drivers do; one ``httpx.AsyncClient`` shared
+    by hundreds of concurrent requests spends milliseconds of CPU per request in its
+    connection pool (measured: 11 ms at 200 concurrent requests, against 0.6-1 ms with a
+    client per task), which would make the load generator the bottleneck."""
+    now = time.time()
+    rec = _Recorder(now + FLEET_WARMUP_S, now + FLEET_WARMUP_S + seconds)
+    rng = random.Random(3)
+    jobs = []
+    for i, v in enumerate(views):
+        last = v["last_batch_id"]
+        job = _FleetJob(
+            name=v["name"], table=v["outputs"][0], inputs=v["inputs"],
+            batch=0 if last is None else last + 1, frontier=v["frontier"],
+            http=httpx.AsyncClient(base_url=servers[i % len(servers)].url + API, timeout=120),
+            spans=[],
+        )  # fmt: skip
+        job.start(rec)
+        jobs.append(job)
+    meter = asyncio.create_task(_cpu_during(rec, [s.proc.pid for s in servers]))
+    loops = [
+        asyncio.create_task(
+            _derived_job(job, rec, rng, wait_ms) if job.inputs else _source_job(job, rec, rng)
+        )
+        for job in jobs
+    ]
+    _, stuck = await asyncio.wait(loops, timeout=rec.end - time.time() + FLEET_DRAIN_S)
+    for task in stuck:
+        task.cancel()
+    for sender in [s for job in jobs for s in (job.outbox, job.listener)]:
+        await sender.drained(max(1.0, rec.end + FLEET_DRAIN_S - time.time()))
+    cpu = await meter
+    lost = await _lost_reports(jobs)
+    for job in jobs:
+        await job.http.aclose()
+    return {
+        **_fleet_figures(rec, jobs, seconds),
+        "drivers_stuck_after_drain": len(stuck),
+        "reports_lost": lost,
+        "cpu_cores": cpu,
+    }
+
+
+async def _lost_reports(jobs: list[_FleetJob]) -> int:
+    """Jobs whose last reported batch the service does not show as committed."""
+    gate = asyncio.Semaphore(16)
+
+    async def lost(job: _FleetJob) -> bool:
+        if job.last_reported is None:
+            return False
+        async with gate:
+            response = await job.http.get(f"/jobs/{job.name}")
+        last = response.json().get("last_batch_id") if response.status_code == 200 else None
+        return last is None or last < job.last_reported
+
+    return sum(await asyncio.gather(*(lost(job) for job in jobs)))
+
+
+def _fleet_figures(rec: _Recorder, jobs: list[_FleetJob], seconds: float) -> dict[str, Any]:
+    barriers = [t for what in BARRIER_REQUESTS for t in rec.samples.get(what, [])]
+    requests = {
+        what: {
+            "served_per_s": rec.served.get(what, 0) / seconds,
+            "count": len(rec.samples.get(what, [])),
+            **(_percentiles(rec.samples[what]) if rec.samples.get(what) else {}),
+        }
+        for what in sorted(set(rec.samples) | set(rec.served))
+    }
+    return {
+        "served_per_s": sum(rec.served.values()) / seconds,
+        "barrier_latency": {"count": len(barriers), **(_percentiles(barriers) if barriers else {})},
+        "requests": requests,
+        "sources": _kept_up([j for j in jobs if not j.inputs], seconds),
+        "derived": _kept_up([j for j in jobs if j.inputs], seconds),
+        "errors": len(rec.errors),
+        "error_samples": rec.errors[:20],
+    }
+
+
+def _kept_up(jobs: list[_FleetJob], seconds: float) -> dict[str, Any]:
+    """Batches and the 1 s slots they skipped: a job keeping up makes one batch per slot,
+    each a slot after the last; a batch spanning k slots missed k - 1."""
+    slots = [(end - start) // INTERVAL_MS for job in jobs for start, end in job.spans]
+    missed = sum(max(0, s - 1) for s in slots)
+    lags = sorted(job.lag_slots for job in jobs if job.lag_slots is not None)
+    return {
+        "jobs": len(jobs),
+        "batches_per_s": len(slots) / seconds,
+        "batches_per_job_per_s": len(slots) / seconds / max(1, len(jobs)),
+        "slots_missed": missed,
+        "kept_up_share": len(slots) / (len(slots) + missed) if slots else 0.0,
+        "batches_in_the_same_slot": sum(s == 0 for s in slots),
+        "lag_at_end_slots": {
+            "p50": lags[len(lags) // 2] if lags else None,
+            "p99": lags[min(len(lags) - 1, int(0.99 * len(lags)))] if lags else None,
+            "max": lags[-1] if lags else None,
+        },
+    }
+
+
+# --------------------------------------------------------------------------- CPU
+
+
+def _proc_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) of a process so far, from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _postgres_pids() -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if (entry / "comm").read_text().strip() == "postgres":
+                    pids.append(int(entry.name))
+    return pids
+
+
+def _machine_busy_s() -> float:
+    """CPU seconds all cores spent busy so far (not idle, not waiting for I/O)."""
+    values = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(values) - values[3] - values[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_now(service_pids: list[int]) -> dict[tuple[str, int], float]:
+    seen = {("load generator", 0): time.process_time(), ("machine", 0): _machine_busy_s()}
+    for group, pids in (("service", service_pids), ("postgresql", _postgres_pids())):
+        for pid in pids:
+            cpu = _proc_cpu_s(pid)
+            if cpu is not None:
+                seen[(group, pid)] = cpu
+    return seen
+
+
+async def _cpu_during(rec: _Recorder, service_pids: list[int]) -> dict[str, float]:
+    """Cores used in the measured window by the load generator (this process), the
+    service processes, PostgreSQL's processes, and the machine as a whole."""
+    await asyncio.sleep(max(0.0, rec.start - time.time()))
+    before, t0 = _cpu_now(service_pids), time.time()
+    await asyncio.sleep(max(0.0, rec.end - time.time()))
+    after, wall = _cpu_now(service_pids), time.time() - t0
+    cores: dict[str, float] = {}
+    for (group, pid), cpu in after.items():
+        used = cpu - before.get((group, pid), 0.0)  # a backend started meanwhile: all of it
+        cores[group] = cores.get(group, 0.0) + used / wall
+    # the kernel's share of loopback networking, and other processes
+    cores["other"] = cores["machine"] - sum(v for k, v in cores.items() if k != "machine")
+    return {group: round(value, 3) for group, value in cores.items()}
+
+
+# --------------------------------------------------------------------------- fleet runs
+
+
+def _healthz_floor(servers: list[Server], seconds: float) -> dict[str, Any]:
+    """``GET /healthz`` latency (one client, sequential, on the first replica) and rate
+    (16 threads, client i on replica i mod n)."""
+    samples = []
+    with httpx.Client(timeout=60) as http:
+        for i in range(420):
+            t0 = time.perf_counter()
+            _ok(http.get(servers[0].url + "/healthz"))
+            if i >= 20:
+                samples.append(time.perf_counter() - t0)
+    counts = [0] * CYCLE_CLIENTS
+
+    def client(i: int) -> None:
+        url = servers[i % len(servers)].url + "/healthz"
+        with httpx.Client(timeout=60) as http:
+            _ok(http.get(url))
+            counts[i] = _for_a_while(seconds, lambda: (_ok(http.get(url)), 1)[1])
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(CYCLE_CLIENTS)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rate = sum(counts) / (time.perf_counter() - t0)
+    return {"latency": _percentiles(samples), "requests_per_s_16_clients": rate}
+
+
+def fleet_run(
+    pg_base: str, workdir: Path, n_jobs: int, replicas: int, seconds: float, wait_ms: int
+) -> dict[str, Any]:
+    """``n_jobs`` drivers (build_topology's layered DAG: 40 % sources) against
+    ``replicas`` single-worker services on one fresh PostgreSQL schema."""
+    with database("postgres", pg_base, workdir, "fleet") as url:
+        topo = build_topology(url, n_jobs)
+        with contextlib.ExitStack() as stack:
+            servers = [stack.enter_context(service(url, workdir, 1)) for _ in range(replicas)]
+            floor = _healthz_floor(servers, 5.0)
+            views = _fleet_views(servers[0].url)
+            load_start = _loadavg()
+            figures = asyncio.run(_drive_fleet(servers, views, seconds, wait_ms))
+    run = {
+        "jobs": n_jobs,
+        "sources": len(topo.layers[0]),
+        "derived": n_jobs - len(topo.layers[0]),
+        "replicas": replicas,
+        "seconds": seconds,
+        "next_barrier_wait_ms": wait_ms,
+        "loadavg_at_start": load_start,
+        "loadavg_at_end": _loadavg(),
+        "healthz": floor,
+        **figures,
+    }
+    print_fleet_run(run)
+    return run
+
+
+def print_fleet_run(run: dict[str, Any]) -> None:
+    b, floor = run["barrier_latency"], run["healthz"]
+    print(
+        f"  {run['jobs']:,} jobs on {run['replicas']} replica(s): {run['served_per_s']:,.0f} "
+        f"req/s served; barrier p50 {b.get('p50_ms', 0):,.1f} ms p99 {b.get('p99_ms', 0):,.1f} "
+        f"ms (goal p99 <= 50); /healthz p50 {floor['latency']['p50_ms']:.1f} p99 "
+        f"{floor['latency']['p99_ms']:.1f} ms, {floor['requests_per_s_16_clients']:,.0f} req/s; "
+        f"load {run['loadavg_at_start']} -> {run['loadavg_at_end']}"
+    )
+    for kind in ("sources", "derived"):
+        k = run[kind]
+        print(
+            f"    {kind:8} {k['jobs']:5} jobs {k['batches_per_job_per_s']:.2f} batches/job/s, "
+            f"kept up {k['kept_up_share']:.2f}, lag at end p50/p99 {k['lag_at_end_slots']['p50']}"
+            f"/{k['lag_at_end_slots']['p99']} slots"
+        )
+    for what, r in run["requests"].items():
+        print(
+            f"    {what:45} {r['served_per_s']:8,.0f}/s  p50 {r.get('p50_ms', 0):8,.1f}  "
+            f"p99 {r.get('p99_ms', 0):8,.1f} ms"
+        )
+    print(
+        f"    cores: {run['cpu_cores']}; errors {run['errors']}, reports lost "
+        f"{run['reports_lost']}, drivers stuck {run['drivers_stuck_after_drain']}"
+    )
+    for line in run["error_samples"][:5]:
+        print(f"    ! {line}")
+
+
+def run_fleet_parts(
+    part: str, pg_base: str, jobs: list[int], seconds: float, wait_ms: int
+) -> dict[str, Any]:
+    """``fleet``: one replica per job count; ``replicas``: one then two replicas at the
+    largest job count, and the ratio of what they served."""
+    machine = machine_facts(pg_base, ["postgres"])
+    with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
+        workdir = Path(tmp)
+        if part == "fleet":
+            runs = [fleet_run(pg_base, workdir, n, 1, seconds, wait_ms) for n in jobs]
+        else:
+            runs = [fleet_run(pg_base, workdir, jobs[-1], r, seconds, wait_ms) for r in (1, 2)]
+    machine |= {"loadavg_at_end": _loadavg(), "cpu_share_at_end": cpu_share()}
+    result: dict[str, Any] = {"machine": machine, "code": _git_facts(), "runs": runs}
+    if part == "replicas":
+        one, two = runs
+        result["two_over_one"] = {
+            "served_requests": two["served_per_s"] / one["served_per_s"],
+            "batches": _batches_per_s(two) / max(1e-9, _batches_per_s(one)),
+            "healthz_16_clients": two["healthz"]["requests_per_s_16_clients"]
+            / one["healthz"]["requests_per_s_16_clients"],
+            "goal": 1.7,
+        }
+        print(f"  two replicas over one: {result['two_over_one']}")
+    return result
+
+
+def _batches_per_s(run: dict[str, Any]) -> float:
+    return float(run["sources"]["batches_per_s"] + run["derived"]["batches_per_s"])
+
+
+def _git_facts() -> dict[str, Any]:
+    """The commit measured, and whether the service's code had uncommitted changes."""
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+        return done.stdout.strip()
+
+    changed = git("status", "--porcelain", "--", "metaservice")
+    return {"commit": git("rev-parse", "HEAD"), "metaservice_uncommitted": changed.splitlines()}
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -1451,7 +1991,8 @@ def main() -> None:
         "--out",
         type=Path,
         default=None,
-        help="default: bench/results/service.json (service-growth.json for --part growth)",
+        help="default: bench/results/service.json (service-growth.json for --part growth, "
+        "service-fleet.json for --part fleet and replicas)",
     )
     parser.add_argument("--quick", action="store_true", help="a small smoke run")
     parser.add_argument("--db", choices=("sqlite", "postgres", "both"), default="both")
@@ -1459,9 +2000,22 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
     parser.add_argument(
         "--part",
-        choices=("writes", "cycles", "reads", "growth", "all"),
+        choices=("writes", "cycles", "reads", "growth", "fleet", "replicas", "all"),
         default="all",
-        help="default: all (writes, cycles and reads; growth runs only when asked)",
+        help="default: all (writes, cycles and reads; growth, fleet and replicas run only "
+        "when asked, on PostgreSQL)",
+    )
+    parser.add_argument(
+        "--jobs", type=_ints, default=[1000], help="fleet: job counts (replicas: the last)"
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=60.0, help="fleet, replicas: the measured window"
+    )
+    parser.add_argument(
+        "--wait-ms",
+        type=int,
+        default=NEXT_BARRIER_WAIT_MS,
+        help="fleet, replicas: the derived jobs' next-barrier long poll",
     )
     parser.add_argument(
         "--label", default="latest", help="growth: the name these runs are kept under"
@@ -1482,6 +2036,16 @@ def main() -> None:
     args = parser.parse_args()
     wait_for_idle(args.wait_for_idle)
     dbs = ["sqlite", "postgres"] if args.db == "both" else [args.db]
+    if args.part in ("fleet", "replicas"):
+        out = args.out or Path("bench/results/service-fleet.json")
+        result = run_fleet_parts(
+            args.part, normalise_url(args.pg_url), args.jobs, args.seconds, args.wait_ms
+        )
+        kept = json.loads(out.read_text()) if out.exists() else {}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({**kept, args.part: result}, indent=2) + "\n")
+        print(f"\nwritten to {out}")
+        return
     if args.part == "growth":
         out = args.out or Path("bench/results/service-growth.json")
         grown = run_growth(
