@@ -792,12 +792,18 @@ def _sink_busy(query_name: str) -> bool:
         return _batches_running.get(query_name, 0) > 0
 
 
-_stopping: set[str] = set()  # queries in stop_between_batches (their names are job names)
+# Queries in stop_between_batches (their names are job names), with when it was asked.
+_stopping: dict[str, float] = {}
+# How long a batch's wait may go on after its query was asked to stop: a short wait
+# finishes and the batch commits (a clean stop); a stuck one ends.
+STOP_GRACE_S = 5.0
 
 
 def _stop_requested(query_name: str) -> bool:
+    """Whether ``query_name`` was asked to stop more than STOP_GRACE_S ago."""
     with _batches_lock:
-        return query_name in _stopping
+        asked = _stopping.get(query_name)
+    return asked is not None and time.monotonic() - asked >= STOP_GRACE_S
 
 
 def stop_between_batches(query: StreamingQuery, timeout: float = 60.0) -> None:
@@ -808,14 +814,14 @@ def stop_between_batches(query: StreamingQuery, timeout: float = 60.0) -> None:
     middle of a commit. Interrupting one is safe (the next run replays it exactly once)
     but noisy; after ``timeout`` seconds the query is stopped anyway.
 
-    A batch that is waiting for another job (``ctx.read`` of a table not exact yet)
-    gives up at once with ``BarrierBatchError`` code ``stopping``: Spark's stop waits
-    for the running ``foreachBatch`` call to return, which could otherwise take the
-    job's whole patience.
+    A batch that is still waiting for another job (``ctx.read`` of a table not exact
+    yet) ``STOP_GRACE_S`` after the stop was asked gives up with ``BarrierBatchError``
+    code ``stopping``: Spark's stop waits for the running ``foreachBatch`` call to
+    return, which could otherwise take the job's whole patience.
     """
     name = query.name or ""
     with _batches_lock:
-        _stopping.add(name)
+        _stopping[name] = time.monotonic()
     try:
         deadline = time.monotonic() + timeout
         while query.isActive and _sink_busy(name) and time.monotonic() < deadline:
@@ -823,7 +829,7 @@ def stop_between_batches(query: StreamingQuery, timeout: float = 60.0) -> None:
         query.stop()
     finally:
         with _batches_lock:
-            _stopping.discard(name)
+            _stopping.pop(name, None)
 
 
 _listeners: dict[tuple[int, str], BarrierListener] = {}

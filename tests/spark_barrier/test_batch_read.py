@@ -213,9 +213,13 @@ class _StoppableQuery:
         self.isActive = False
 
 
-def test_stopping_the_query_ends_a_batch_waiting_for_a_table(service: Any, tmp_path: Path) -> None:
-    """query.stop() waits for the running foreachBatch call; a batch waiting for a table
-    that is not exact yet gives up at once (code stopping) instead of after its patience."""
+def test_stopping_the_query_ends_a_batch_waiting_for_a_table(
+    service: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """query.stop() waits for the running foreachBatch call; a batch still waiting for a
+    table that is not exact a grace period after the stop was asked gives up (code
+    stopping) instead of after its patience."""
+    monkeypatch.setattr(job_module, "STOP_GRACE_S", 0.5)
     client, _ = service
     enrich = job(client, tmp_path, patience_s=120)
     barrier = client.batch_barrier("src_items", 0).barrier  # never committed
@@ -236,7 +240,7 @@ def test_stopping_the_query_ends_a_batch_waiting_for_a_table(service: Any, tmp_p
     query = _StoppableQuery("enrich")
     job_module.stop_between_batches(query, timeout=60)  # type: ignore[arg-type]
     running.join(timeout=10)
-    assert time.monotonic() - started < 5
+    assert 0.5 <= time.monotonic() - started < 5
     assert not query.isActive
     assert len(errors) == 1 and isinstance(errors[0], BarrierBatchError)
     assert errors[0].code == "stopping"
