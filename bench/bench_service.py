@@ -1601,7 +1601,7 @@ def _fleet_views(url: str) -> list[dict[str, Any]]:
 
 
 async def _drive_fleet(
-    servers: list[Server], views: list[dict[str, Any]], seconds: float, wait_ms: int
+    servers: list[Server], views: list[dict[str, Any]], seconds: float, wait_ms: int, pg: str
 ) -> dict[str, Any]:
     """Run a driver per job of ``views`` (job i on replica i mod n) through the warm-up
     and ``seconds`` more; what was measured in those ``seconds``.
@@ -1625,6 +1625,7 @@ async def _drive_fleet(
         job.start(rec)
         jobs.append(job)
     meter = asyncio.create_task(_cpu_during(rec, [s.proc.pid for s in servers]))
+    waits = asyncio.create_task(_pg_waits_during(rec, pg))
     loops = [
         asyncio.create_task(
             _derived_job(job, rec, rng, wait_ms) if job.inputs else _source_job(job, rec, rng)
@@ -1636,7 +1637,7 @@ async def _drive_fleet(
         task.cancel()
     for sender in [s for job in jobs for s in (job.outbox, job.listener)]:
         await sender.drained(max(1.0, rec.end + FLEET_DRAIN_S - time.time()))
-    cpu = await meter
+    cpu, pg_waits = await meter, await waits
     lost = await _lost_reports(jobs)
     for job in jobs:
         await job.http.aclose()
@@ -1645,6 +1646,7 @@ async def _drive_fleet(
         "drivers_stuck_after_drain": len(stuck),
         "reports_lost": lost,
         "cpu_cores": cpu,
+        "postgresql_sessions": pg_waits,
     }
 
 
@@ -1759,6 +1761,37 @@ async def _cpu_during(rec: _Recorder, service_pids: list[int]) -> dict[str, floa
     return {group: round(value, 3) for group, value in cores.items()}
 
 
+async def _pg_waits_during(rec: _Recorder, pg: str) -> dict[str, float]:
+    """What PostgreSQL's client sessions were doing, sampled once a second in the
+    measured window (``pg_stat_activity``): the mean number of sessions per state and
+    wait event (``active`` without an event: running; ``Lock/transactionid`` or
+    ``Lock/tuple``: waiting for another transaction's row lock)."""
+    engine = create_engine(pg)
+    counts: dict[str, float] = {}
+    samples = 0
+    query = text(
+        "SELECT state, wait_event_type, wait_event, count(*) FROM pg_stat_activity "
+        "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid() "
+        "GROUP BY 1, 2, 3"
+    )
+
+    def sample() -> list[Any]:
+        with engine.connect() as conn:
+            return list(conn.execute(query))
+
+    try:
+        await asyncio.sleep(max(0.0, rec.start - time.time()))
+        while time.time() < rec.end - 0.5:
+            for state, kind, name, n in await asyncio.to_thread(sample):
+                key = f"{state}" + (f" {kind}/{name}" if kind else "")
+                counts[key] = counts.get(key, 0) + n
+            samples += 1
+            await asyncio.sleep(1.0)
+    finally:
+        engine.dispose()
+    return {key: round(n / max(1, samples), 1) for key, n in sorted(counts.items())}
+
+
 # --------------------------------------------------------------------------- fleet runs
 
 
@@ -1797,12 +1830,13 @@ def fleet_run(
     ``replicas`` single-worker services on one fresh PostgreSQL schema."""
     with database("postgres", pg_base, workdir, "fleet") as url:
         topo = build_topology(url, n_jobs)
+        code = _git_facts()  # other work may change the service between runs
         with contextlib.ExitStack() as stack:
             servers = [stack.enter_context(service(url, workdir, 1)) for _ in range(replicas)]
             floor = _healthz_floor(servers, 5.0)
             views = _fleet_views(servers[0].url)
             load_start = _loadavg()
-            figures = asyncio.run(_drive_fleet(servers, views, seconds, wait_ms))
+            figures = asyncio.run(_drive_fleet(servers, views, seconds, wait_ms, pg_base))
     run = {
         "jobs": n_jobs,
         "sources": len(topo.layers[0]),
@@ -1810,6 +1844,7 @@ def fleet_run(
         "replicas": replicas,
         "seconds": seconds,
         "next_barrier_wait_ms": wait_ms,
+        "code": code,
         "loadavg_at_start": load_start,
         "loadavg_at_end": _loadavg(),
         "healthz": floor,
@@ -1840,6 +1875,7 @@ def print_fleet_run(run: dict[str, Any]) -> None:
             f"    {what:45} {r['served_per_s']:8,.0f}/s  p50 {r.get('p50_ms', 0):8,.1f}  "
             f"p99 {r.get('p99_ms', 0):8,.1f} ms"
         )
+    print(f"    PostgreSQL sessions (mean): {run['postgresql_sessions']}")
     print(
         f"    cores: {run['cpu_cores']}; errors {run['errors']}, reports lost "
         f"{run['reports_lost']}, drivers stuck {run['drivers_stuck_after_drain']}"
@@ -1851,28 +1887,37 @@ def print_fleet_run(run: dict[str, Any]) -> None:
 def run_fleet_parts(
     part: str, pg_base: str, jobs: list[int], seconds: float, wait_ms: int
 ) -> dict[str, Any]:
-    """``fleet``: one replica per job count; ``replicas``: one then two replicas at the
-    largest job count, and the ratio of what they served."""
+    """``fleet``: one replica per job count; ``replicas``: one then two replicas per job
+    count, and the ratio of what they served."""
     machine = machine_facts(pg_base, ["postgres"])
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
         workdir = Path(tmp)
         if part == "fleet":
             runs = [fleet_run(pg_base, workdir, n, 1, seconds, wait_ms) for n in jobs]
         else:
-            runs = [fleet_run(pg_base, workdir, jobs[-1], r, seconds, wait_ms) for r in (1, 2)]
+            runs = [
+                fleet_run(pg_base, workdir, n, r, seconds, wait_ms) for n in jobs for r in (1, 2)
+            ]
     machine |= {"loadavg_at_end": _loadavg(), "cpu_share_at_end": cpu_share()}
-    result: dict[str, Any] = {"machine": machine, "code": _git_facts(), "runs": runs}
+    result: dict[str, Any] = {"machine": machine, "runs": runs}
     if part == "replicas":
-        one, two = runs
-        result["two_over_one"] = {
-            "served_requests": two["served_per_s"] / one["served_per_s"],
-            "batches": _batches_per_s(two) / max(1e-9, _batches_per_s(one)),
-            "healthz_16_clients": two["healthz"]["requests_per_s_16_clients"]
-            / one["healthz"]["requests_per_s_16_clients"],
-            "goal": 1.7,
-        }
-        print(f"  two replicas over one: {result['two_over_one']}")
+        result["two_over_one"] = [
+            _two_over_one(one, two) for one, two in zip(runs[::2], runs[1::2], strict=True)
+        ]
     return result
+
+
+def _two_over_one(one: dict[str, Any], two: dict[str, Any]) -> dict[str, Any]:
+    ratio = {
+        "jobs": one["jobs"],
+        "served_requests": two["served_per_s"] / max(1e-9, one["served_per_s"]),
+        "batches": _batches_per_s(two) / max(1e-9, _batches_per_s(one)),
+        "healthz_16_clients": two["healthz"]["requests_per_s_16_clients"]
+        / one["healthz"]["requests_per_s_16_clients"],
+        "goal": 1.7,
+    }
+    print(f"  {one['jobs']:,} jobs, two replicas over one: {ratio}")
+    return ratio
 
 
 def _batches_per_s(run: dict[str, Any]) -> float:
