@@ -1658,7 +1658,13 @@ async def _lost_reports(jobs: list[_FleetJob]) -> int:
         if job.last_reported is None:
             return False
         async with gate:
-            response = await job.http.get(f"/jobs/{job.name}")
+            for attempt in range(3):  # a keep-alive connection the server closed meanwhile
+                try:
+                    response = await job.http.get(f"/jobs/{job.name}")
+                    break
+                except httpx.TransportError:
+                    if attempt == 2:
+                        raise
         last = response.json().get("last_batch_id") if response.status_code == 200 else None
         return last is None or last < job.last_reported
 
