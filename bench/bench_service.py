@@ -1442,7 +1442,9 @@ class _Sender:
             items = [await self.queue.get()]
             while self.together and not self.queue.empty():
                 items.append(self.queue.get_nowait())
-            await self.rec.call(self.what, self.send(items))
+            for _ in range(3):  # the outbox retries what did not arrive (recorded as errors)
+                if await self.rec.call(self.what, self.send(items)) is not None:
+                    break
             for _ in items:
                 self.queue.task_done()
 
@@ -1529,19 +1531,21 @@ class _FleetJob:
 async def _source_job(job: _FleetJob, rec: _Recorder, rng: random.Random) -> None:
     """At each whole second: planning, barrier, work, report; the grant every second."""
     grant = asyncio.create_task(_report_in(job, rec))
-    next_trigger = time.time()
-    while True:
-        await asyncio.sleep(max(0.0, next_trigger - time.time()))
-        started = time.time()
-        next_trigger = (started // SOURCE_TRIGGER_S + 1) * SOURCE_TRIGGER_S
-        if started >= rec.end:
-            break
-        await asyncio.sleep(rng.uniform(0, FLEET_PLANNING_S))
-        answer = await job.batch_barrier(rec, "source: barrier", {})
-        if answer is not None:  # else the next trigger asks again for the same batch
-            await job.commit(answer["barrier"], started)
-    job.behind()
-    grant.cancel()
+    try:
+        next_trigger = time.time()
+        while True:
+            await asyncio.sleep(max(0.0, next_trigger - time.time()))
+            started = time.time()
+            next_trigger = (started // SOURCE_TRIGGER_S + 1) * SOURCE_TRIGGER_S
+            if started >= rec.end:
+                break
+            await asyncio.sleep(rng.uniform(0, FLEET_PLANNING_S))
+            answer = await job.batch_barrier(rec, "source: barrier", {})
+            if answer is not None:  # else the next trigger asks again for the same batch
+                await job.commit(answer["barrier"], started)
+        job.behind()
+    finally:  # also when the driver is cancelled, still waiting after the drain
+        grant.cancel()
 
 
 async def _report_in(job: _FleetJob, rec: _Recorder) -> None:
