@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from metaservice import __version__
 from metaservice.auth.endpoints import router as auth_router
 from metaservice.barriers.endpoints import router as barriers_router
+from metaservice.barriers.endpoints import writes as barrier_writes_router
 from metaservice.clock import Clock, SystemClock
 from metaservice.context import Context
 from metaservice.db import Database, database_unreachable
@@ -88,6 +89,7 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
     for router in (
         topology_router,
         barriers_router,
+        barrier_writes_router,
         versions_router,
         tags_router,
         revisions_router,

@@ -3,8 +3,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from fastapi import APIRouter, Body, Depends, Path, Query
-from fastapi.concurrency import run_in_threadpool
+from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
+from pydantic import BaseModel
 
 from metaservice.auth.schemas import Role
 from metaservice.barriers import offline, service
@@ -23,7 +23,7 @@ from metaservice.barriers.schemas import (
     OfflineGrant,
     OfflineGrantRequest,
 )
-from metaservice.deps import Services, require, services
+from metaservice.deps import Services, require, services, services_of
 from metaservice.errors import TooLarge
 from metaservice.metrics import BARRIERS, COMMITS
 from metaservice.schemas_common import error_responses
@@ -33,15 +33,27 @@ MAX_NEXT_BARRIER_WAIT_MS = 30_000
 NEXT_BARRIER_POLL_S = 0.05
 
 router = APIRouter(tags=["barriers"], dependencies=[require(Role.READER)])
+# The hot requests of running jobs (a batch's barrier, its report, next-barrier): the
+# writer role only (it includes the reader's), async, the services taken from the
+# request, and the answer serialised once by its own model. Each dependency FastAPI
+# solves, a thread-pool hop through anyio and a validation of the returned model cost
+# a running job's requests as much as their SQL (issue 13).
+writes = APIRouter(tags=["barriers"], dependencies=[require(Role.WRITER)])
 
 
-@router.post(
+def _json(model: BaseModel) -> Response:
+    """The model as JSON, without FastAPI's validation of a returned model against the
+    route's ``response_model`` (the route declares it for the docs)."""
+    return Response(model.__pydantic_serializer__.to_json(model), media_type="application/json")
+
+
+@writes.post(
     "/jobs/{job}/batches/{batch_id}/barrier",
     response_model=BatchBarrier,
     responses=error_responses(400, 404, 409),
-    dependencies=[require(Role.WRITER)],
 )
-def batch_barrier(
+async def batch_barrier(
+    http: Request,
     job: str,
     batch_id: int = Path(ge=0, le=MAX_SIGNED_64),
     request: BatchRequest | None = Body(
@@ -50,8 +62,7 @@ def batch_barrier(
         "(derived jobs), the Spark query running it, or a barrier a source job holding "
         "an offline grant gave it while the MetaService was unreachable",
     ),
-    s: Services = Depends(services),
-) -> BatchBarrier:
+) -> Response:
     """The barrier of a Spark batch; asking again for the same batch gives the same answer.
 
     Source jobs get the current slot of the barrier clock. Derived jobs get the end
@@ -63,18 +74,19 @@ def batch_barrier(
     job claims the barrier it chose offline (409 when the claim contradicts what is
     recorded).
     """
+    s = services_of(http)
     claimed = request.barrier if request is not None else None
     if claimed is None:
-        result = s.db.write(
+        result = await s.db.write_async(
             lambda session: service.batch_barrier(session, s.ctx, job, batch_id, request)
         )
     else:
         query_id = request.query_id if request is not None else None
-        result = s.db.write(
+        result = await s.db.write_async(
             lambda session: offline.claim(session, s.ctx, job, batch_id, claimed, query_id)
         )
     BARRIERS.inc()
-    return result
+    return _json(result)
 
 
 @router.post(
@@ -129,13 +141,13 @@ def release_offline_grant(job: str, s: Services = Depends(services)) -> None:
 
 
 # A GET, but it fixes the job's next target: a writer's call.
-@router.get(
+@writes.get(
     "/jobs/{job}/next-barrier",
     response_model=NextBarrier,
     responses=error_responses(400, 404, 409),
-    dependencies=[require(Role.WRITER)],
 )
 async def next_barrier(
+    http: Request,
     job: str,
     after: int | None = Query(
         None,
@@ -158,19 +170,18 @@ async def next_barrier(
         description="Long poll: when no batch is ready, wait up to this long for one "
         "before answering 'not ready' (a 'not ready' held for the round is answered at once)",
     ),
-    s: Services = Depends(services),
-) -> NextBarrier:
+) -> Response:
     """The end of a derived job's batch that starts after `after`: the offset every
     barrier source of the job reports as its latest."""
+    s = services_of(http)
     deadline = time.monotonic() + wait_ms / 1000
     while True:
-        answer, held = await run_in_threadpool(
-            s.db.write,
-            lambda session: service.next_barrier_round(session, s.ctx, job, after, source),
+        answer, held = await s.db.write_async(
+            lambda session: service.next_barrier_round(session, s.ctx, job, after, source)
         )
         left = deadline - time.monotonic()
         if answer.ready or held or left <= 0:
-            return answer
+            return _json(answer)
         # Readiness comes from other jobs' reports, possibly on another replica: look
         # again shortly, without holding a worker thread while waiting.
         await asyncio.sleep(min(NEXT_BARRIER_POLL_S, left))
@@ -210,39 +221,41 @@ def abandon_batch(
     return s.db.write(lambda session: service.abandon_batch(session, s.ctx, job, batch_id))
 
 
-@router.post(
+@writes.post(
     "/commits",
     response_model=CommitResult,
     responses=error_responses(400, 404, 409, 413),
-    dependencies=[require(Role.WRITER)],
 )
-def report_commit(report: CommitReport, s: Services = Depends(services)) -> CommitResult:
+async def report_commit(http: Request, report: CommitReport) -> Response:
     """Report that a job's batch committed a snapshot (idempotent; 409 on a conflicting report)."""
-    result = s.db.write(lambda session: service.report_commits(session, s.ctx, [report]))
+    s = services_of(http)
+    result = await s.db.write_async(
+        lambda session: service.report_commits(session, s.ctx, [report])
+    )
     COMMITS.labels(result=result.results[0].status).inc()
-    return result.results[0]
+    return _json(result.results[0])
 
 
-@router.post(
+@writes.post(
     "/commits/batch",
     response_model=CommitBatchResult,
     responses=error_responses(400, 404, 409, 413),
-    dependencies=[require(Role.WRITER)],
 )
-def report_commits(
+async def report_commits(
+    http: Request,
     body: CommitBatch = Body(description="Many reports; each is idempotent on its own"),
-    s: Services = Depends(services),
-) -> CommitBatchResult:
+) -> Response:
     """Report many commits at once, all or nothing: one bad report refuses the request."""
+    s = services_of(http)
     _check_count(s, len(body.commits), "reports", field="commits")
-    result = s.db.write(
+    result = await s.db.write_async(
         lambda session: service.report_commits(
             session, s.ctx, body.commits, field_prefix="commits."
         )
     )
     COMMITS.labels(result="recorded").inc(result.recorded)
     COMMITS.labels(result="duplicate").inc(result.duplicates)
-    return result
+    return _json(result)
 
 
 def _check_count(s: Services, count: int, what: str, *, field: str) -> None:
