@@ -51,22 +51,23 @@ def batch_barrier(
     batch, newest = repo.batch_and_newest(session, job.id, batch_id)
     if batch is None:
         check_query_of(job, batch_id, request.query_id, newest)
-        check_superseded(session, job)
+        facts = repo.new_batch_facts(session, job)
+        refuse_superseded(job, facts.superseded_by)
         check_batch_order(job, batch_id, newest)
         if job.kind == SOURCE:
-            barrier = _next_source_barrier(session, ctx, job, newest)
-            batch = open_source_batch(session, ctx, job, batch_id, barrier, request.query_id)
-        else:
-            batch, inputs = _new_derived_batch(session, ctx, job, batch_id, request, newest)
-            job.last_seen_ms = ctx.now_ms()
-            return batch_view(session, job, batch, inputs)
+            return batch_view(
+                session, job, _new_source_batch(session, ctx, job, batch_id, request, newest, facts)
+            )
+        batch, inputs = _new_derived_batch(session, ctx, job, batch_id, request, newest, facts)
+        repo.touch_job(session, job, ctx.now_ms())
+        return batch_view(session, job, batch, inputs)
     else:
         check_query_of(job, batch_id, request.query_id, batch)
         if batch.abandoned:
             _reopen_abandoned(session, ctx, job, batch, newest)
         elif job.kind == DERIVED:
             _check_planned(job, batch, request)
-    job.last_seen_ms = ctx.now_ms()
+    repo.touch_job(session, job, ctx.now_ms())
     return batch_view(session, job, batch)
 
 
@@ -83,7 +84,11 @@ def check_superseded(session: Session, job: Job) -> None:
     """409 ``superseded`` for a new batch of a job a revision replaces (swapping or
     swapped): its tables are, or are about to be, the revision's. A batch it opened
     before is still answered and its reports are still recorded."""
-    revision_id = revision_repo.superseding(session, job.name)
+    refuse_superseded(job, revision_repo.superseding(session, job.name))
+
+
+def refuse_superseded(job: Job, revision_id: int | None) -> None:
+    """:func:`check_superseded` with the superseding revision already read."""
     if revision_id is None:
         return
     raise Conflict(
@@ -148,6 +153,38 @@ def _next_source_barrier(session: Session, ctx: Context, job: Job, newest: Batch
     own = newest.barrier if newest is not None else 0
     state = repo.clock(session)
     return max(ctx.now_slot(), state.last_issued, job.frontier + ctx.interval, own)
+
+
+def _new_source_batch(
+    session: Session,
+    ctx: Context,
+    job: Job,
+    batch_id: int,
+    request: BatchRequest,
+    newest: Batch | None,
+    facts: repo.NewBatchFacts,
+) -> Batch:
+    """:func:`open_source_batch` for a batch asking for its barrier: the clock and the
+    output count come from ``facts``, and the batch and the job's row are written as two
+    plain statements. The batch returned is not in the session."""
+    # As _next_source_barrier, with the last issued barrier already read.
+    own = newest.barrier if newest is not None else 0
+    barrier = max(ctx.now_slot(), facts.last_issued, job.frontier + ctx.interval, own)
+    raised = min(barrier, ctx.now_slot())  # see open_source_batch
+    if raised > facts.last_issued:  # else the UPDATE would change nothing
+        repo.raise_clock(session, raised)
+    now = ctx.now_ms()
+    batch = Batch(
+        job_id=job.id,
+        batch_id=batch_id,
+        barrier=barrier,
+        committed=False,
+        created_ms=now,
+        outputs=facts.outputs,
+        query_id=request.query_id,
+    )
+    repo.insert_open_batch(session, job, batch, now)
+    return batch
 
 
 def open_source_batch(
@@ -256,6 +293,7 @@ def _new_derived_batch(
     batch_id: int,
     request: BatchRequest,
     newest: Batch | None,
+    facts: repo.NewBatchFacts,
 ) -> tuple[Batch, list[Table]]:
     """The new batch and the inputs it reads."""
     if request.end is None:
@@ -286,10 +324,10 @@ def _new_derived_batch(
         start_barrier=plan.after,
         committed=False,
         created_ms=ctx.now_ms(),
-        outputs=topo.count_outputs(session, job.id),
+        outputs=facts.outputs,
         query_id=request.query_id,
     )
-    session.add(batch)
+    repo.insert_batch(session, batch)
     inputs = topo.input_tables(session, job.id)
     repo.add_batch_inputs(session, job.id, batch_id, [t.id for t in inputs])
     return batch, inputs
@@ -414,7 +452,7 @@ def next_barrier_round(
         start_barrier=start,
         ready=target is not None and target > start,
     )
-    job.last_seen_ms = ctx.now_ms()  # last: written with the plan's changes
+    repo.touch_job(session, job, ctx.now_ms())  # last: written with the plan's changes
     return answer, held
 
 
@@ -633,6 +671,7 @@ class _ReportScope:
         self.ctx = ctx
         self.tables = topo.tables_by_names(session, sorted({r.table for r in reports}))
         self.jobs = repo.lock_jobs_by_name(session, [r.job for r in reports])
+        self.jobs_by_id = {job.id: job for job in self.jobs.values()}
         first: dict[str, int] = {}  # job -> index of its first report, for the error field
         for index, r in enumerate(reports):
             first.setdefault(r.job, index)
@@ -659,6 +698,7 @@ class _ReportScope:
         self._outputs: dict[int, int] | None = None
         self._newest: int | None = None
         self.added: list[Commit] = []
+        self.completed: list[Batch] = []
         self.plans_upto: dict[int, int] = {}  # derived job id -> plans to drop
 
     def table(self, name: str, field: str) -> Table:
@@ -687,11 +727,18 @@ class _ReportScope:
         key = (commit.job_id, commit.batch_id)
         self.counts[key] = self.counts.get(key, 0) + 1
 
+    def complete(self, job: Job, batch: Batch) -> None:
+        """Mark the batch committed (:func:`mark_complete`), written by :meth:`flush`."""
+        drop = mark_complete(self.ctx, job, batch)
+        self.completed.append(batch)
+        if drop is not None:
+            self.plans_upto[job.id] = max(drop, self.plans_upto.get(job.id, drop))
+
     def flush(self) -> None:
         """Write what the request recorded: new commits, then batches, jobs and plans."""
-        self.session.add_all(self.added)
-        repo.drop_plans_upto_many(self.session, self.plans_upto)  # flushes the rest first
-        self.session.flush()
+        jobs = {b.job_id: self.jobs_by_id[b.job_id] for b in self.completed}
+        repo.write_reports(self.session, self.added, self.completed, list(jobs.values()))
+        repo.drop_plans_upto_many(self.session, self.plans_upto)
 
 
 def report_commits(
@@ -783,9 +830,7 @@ def _record(scope: _ReportScope, report: CommitReport, prefix: str) -> CommitRes
     needed = batch.outputs if batch.outputs is not None else scope.outputs(job)
     complete = scope.counts[(job.id, report.batch_id)] >= needed
     if complete and not batch.committed:
-        drop = mark_complete(ctx, job, batch)
-        if drop is not None:
-            scope.plans_upto[job.id] = max(drop, scope.plans_upto.get(job.id, drop))
+        scope.complete(job, batch)
     return _result(report, "recorded", batch.committed)
 
 

@@ -264,7 +264,7 @@ def delete_tables(session: Session, table_ids: Sequence[int]) -> None:
 
 # Asked by every new batch's barrier and every next-barrier: built once, with a bound
 # parameter (see barriers.repository).
-_SUPERSEDING = (
+SUPERSEDING = (
     select(RevisionTable.revision_id)
     .join(Revision, Revision.id == RevisionTable.revision_id)
     .where(RevisionTable.writer == bindparam("writer"), Revision.state.in_(FREEZING))
@@ -275,7 +275,7 @@ _SUPERSEDING = (
 
 def superseding(session: Session, writer: str) -> int | None:
     """The revision, swapping or swapped, whose jobs replace the job named ``writer``."""
-    return session.execute(_SUPERSEDING, {"writer": writer}).scalar_one_or_none()
+    return session.execute(SUPERSEDING, {"writer": writer}).scalar_one_or_none()
 
 
 # -- the swap ---------------------------------------------------------------------------------

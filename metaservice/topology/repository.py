@@ -29,7 +29,7 @@ _INPUT_TABLES = (
     .where(JobInput.job_id == bindparam("job_id", type_=Integer))
     .order_by(Table.name)
 )
-_COUNT_OUTPUTS = (
+COUNT_OUTPUTS = (
     select(func.count())
     .select_from(Table)
     .where(Table.writer_id == bindparam("job_id", type_=Integer))
@@ -106,7 +106,7 @@ def output_tables(session: Session, job_id: int) -> list[Table]:
 
 
 def count_outputs(session: Session, job_id: int) -> int:
-    return session.execute(_COUNT_OUTPUTS, {"job_id": job_id}).scalar_one()
+    return session.execute(COUNT_OUTPUTS, {"job_id": job_id}).scalar_one()
 
 
 def count_outputs_of(session: Session, job_ids: Sequence[int]) -> dict[int, int]:
