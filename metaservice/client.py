@@ -204,10 +204,22 @@ class MetaServiceClient:
     def all_tables(self) -> list[TableView]:
         return _all_pages(lambda off: self.list_tables(limit=500, offset=off))
 
-    def put_table_log(self, table: str, *, mode: str, address: str) -> TableView:
+    def put_table_log(
+        self,
+        table: str,
+        *,
+        mode: str,
+        address: str | None = None,
+        addresses: Sequence[str] | None = None,
+    ) -> TableView:
         """Publish the table's log store: ``mode`` "embedded" or "external", and the
-        address of its log service (its writer calls this when the log starts)."""
-        body = {"mode": mode, "address": address}
+        address of its log service, or the ``addresses`` of the several its rows are
+        spread over by partition (its writer calls this when the log starts)."""
+        body: dict[str, Any] = {"mode": mode}
+        if address is not None:
+            body["address"] = address
+        if addresses is not None:
+            body["addresses"] = list(addresses)
         return TableView.model_validate(self._request("PUT", f"/tables/{table}/log", json=body))
 
     def get_table_log(self, table: str) -> TableLogStatus:

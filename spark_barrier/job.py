@@ -895,7 +895,7 @@ def register(
     partition_by: Mapping[str, Sequence[str]] | None = None,
     revision: int | None = None,
     log: str | None = None,
-    log_url: str | None = None,
+    log_url: str | Sequence[str] | None = None,
 ) -> BarrierJob:
     """Register ``job`` with the MetaService and make ``spark`` ready to run it.
 
@@ -934,7 +934,8 @@ def register(
     the revision's job, on its mirror tables; the code keeps naming the original tables.
     ``log``: give the outputs a log store (see :mod:`spark_barrier.log`): "embedded" (a
     log service in this driver) or "external" (the one at ``log_url``, started by
-    ``metaservice log start``).
+    ``metaservice log start``; a list of addresses spreads each partitioned output's
+    rows over those services by partition, see :mod:`metaservice.logstore.routing`).
     """
     log_mode = log  # (``log`` is the module's logger elsewhere)
     properties = _catalog_properties(job, catalog_properties, catalog_uri, warehouse, catalog)

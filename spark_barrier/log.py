@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from metaservice.client import MetaServiceClient
+    from metaservice.logstore.routing import Routing
     from metaservice.logstore.server import LogService
 
 log = logging.getLogger(__name__)
@@ -61,61 +63,91 @@ SPILL_FOLDER = "log"  # under the table's location
 
 @dataclass(frozen=True)
 class LogTarget:
-    """Where one batch's rows of one table go; pickled into the executors' write tasks."""
+    """Where one batch's rows of one table go; pickled into the executors' write tasks.
+    ``urls``: the table's log services; with several, ``routing`` sends each row to its
+    partition's (:mod:`metaservice.logstore.routing`)."""
 
-    url: str
+    urls: tuple[str, ...]
     table: str
     barrier: int
     batch_id: int
+    routing: Routing | None = None
+
+    @property
+    def url(self) -> str:
+        return " ".join(self.urls)
 
     def append(self, rows: pa.Table) -> None:
         """Append a chunk of the batch (on an executor). Never fails the write: the log is
         a copy, and the snapshot the batch commits is the truth readers fall back to."""
         from metaservice.logstore import LogApiError, LogError, LogWriter
 
-        try:
-            with LogWriter(self.url) as writer:
-                writer.append(self.table, barrier=self.barrier, batch_id=self.batch_id, rows=rows)
-        except LogApiError as exc:
-            if exc.code != _ALREADY_PERSISTED:
-                log.warning("log of %s refused batch %d: %s", self.table, self.batch_id, exc)
-        except LogError as exc:
-            log.warning(
-                "log of %s at %s unreachable, batch %d goes to the table only: %s",
-                self.table, self.url, self.batch_id, exc,
-            )  # fmt: skip
+        if self.routing is None or len(self.urls) == 1:
+            parts = [(0, rows)]
+        else:
+            parts = self.routing.split(rows)
+        for service, part in parts:
+            url = self.urls[service]
+            try:
+                with LogWriter(url) as writer:
+                    writer.append(
+                        self.table, barrier=self.barrier, batch_id=self.batch_id, rows=part
+                    )
+            except LogApiError as exc:
+                if exc.code != _ALREADY_PERSISTED:
+                    log.warning("log of %s refused batch %d: %s", self.table, self.batch_id, exc)
+            except LogError as exc:
+                log.warning(
+                    "log of %s at %s unreachable, batch %d goes to the table only: %s",
+                    self.table, url, self.batch_id, exc,
+                )  # fmt: skip
 
     def claim_spilled(self) -> list[str]:
-        """The files the log spilled this batch's rows to, for the snapshot summary (on
-        the driver, right before the commit). [] when the log cannot say: it then
-        deletes those files itself when it lets the batch go."""
+        """The files the log services spilled this batch's rows to, for the snapshot
+        summary (on the driver, right before the commit). A service that cannot say
+        claims nothing: it then deletes those files itself when it lets the batch go."""
         from metaservice.logstore import LogError, LogWriter
 
-        try:
-            with LogWriter(self.url) as writer:
-                files: list[str] = writer.claim_spilled(self.table, batch_id=self.batch_id)
-                return files
-        except LogError as exc:
-            log.warning(
-                "could not ask the log of %s for batch %d's spilled files: %s",
-                self.table, self.batch_id, exc,
-            )  # fmt: skip
-            return []
+        files: list[str] = []
+        for url in self.urls:
+            try:
+                with LogWriter(url) as writer:
+                    files += writer.claim_spilled(self.table, batch_id=self.batch_id)
+            except LogError as exc:
+                log.warning(
+                    "could not ask the log of %s at %s for batch %d's spilled files: %s",
+                    self.table, url, self.batch_id, exc,
+                )  # fmt: skip
+        return files
 
 
 class JobLog:
-    """The log of a job's outputs, on the driver: publish, reset, persisted marks."""
+    """The log of a job's outputs, on the driver: publish, reset, persisted marks.
 
-    def __init__(self, mode: LogMode, url: str, *, embedded: LogService | None = None) -> None:
+    ``url``: one log service, or several (a sequence): each table's rows are then spread
+    over them by partition (:mod:`metaservice.logstore.routing`), and every service is
+    reset, marked and asked for spilled files alike."""
+
+    def __init__(
+        self, mode: LogMode, url: str | Sequence[str], *, embedded: LogService | None = None
+    ) -> None:
         from metaservice.logstore import LogWriter
 
         self.mode = mode
-        self.url = url
+        self.urls = log_urls(url)
+        if not self.urls:
+            raise ValueError("a log needs at least one log service")
         self._embedded = embedded
-        self._writer = LogWriter(url)
+        self._writers = [LogWriter(u) for u in self.urls]
+        self._routing: dict[str, Routing] = {}
+
+    @property
+    def url(self) -> str:
+        """The address as published (several: separated by spaces)."""
+        return " ".join(self.urls)
 
     def target(self, table: str, barrier: int, batch_id: int) -> LogTarget:
-        return LogTarget(self.url, table, barrier, batch_id)
+        return LogTarget(self.urls, table, barrier, batch_id, self._routing.get(table))
 
     def open(
         self,
@@ -127,31 +159,52 @@ class JobLog:
     ) -> None:
         """Publish the log for ``tables`` and reset each to the job's last committed batch
         (the MetaService's ``last_batch``, or a later one whose report is still on its way),
-        as ``job``'s; an embedded log also takes each table's bound and spill folder (in
-        this process: the catalog's properties never go over the wire)."""
+        as ``job``'s, on every log service; an embedded log also takes each table's bound
+        and spill folder (in this process: the catalog's properties never go over the
+        wire). With several services, an unpartitioned table is refused
+        (:class:`~metaservice.logstore.routing.NotRoutable`) before anything is reset."""
+        from metaservice.logstore.routing import NotRoutable, routing_of
+        from spark_barrier.job import BarrierConfigError
+
+        if len(self.urls) > 1:
+            try:
+                self._routing = {
+                    name: routing_of(name, table, len(self.urls)) for name, table in tables.items()
+                }
+            except NotRoutable as exc:
+                raise BarrierConfigError(f"job '{job}': {exc}") from exc
         for name, table in tables.items():
             if self._embedded is not None:
                 _configure(self._embedded, name, table, io_properties)
             after = _last_committed(table, job, -1 if last_batch is None else last_batch)
-            self._writer.reset(name, after_batch_id=after, job=job)
-            client.put_table_log(name, mode=self.mode, address=self.url)
+            for writer in self._writers:
+                writer.reset(name, after_batch_id=after, job=job)
+            if len(self.urls) == 1:
+                client.put_table_log(name, mode=self.mode, address=self.urls[0])
+            else:
+                client.put_table_log(name, mode=self.mode, addresses=list(self.urls))
         log.info("job '%s' logs %s to %s (%s)", job, sorted(tables), self.url, self.mode)
 
     def persisted(self, table: str, barrier: int, batch_id: int, snapshot_id: int) -> None:
-        """The batch is committed as ``snapshot_id``: the log may let its rows go."""
+        """The batch is committed as ``snapshot_id``: the logs may let its rows go. Every
+        service gets the mark, also one that got none of the batch's rows: a reader's
+        position in it moves past the batch only so."""
         from metaservice.logstore import LogError
 
-        try:
-            self._writer.persisted(
-                table, barrier=barrier, batch_id=batch_id, snapshot_id=snapshot_id
-            )
-        except LogError as exc:
-            # Readers still get the rows (from the log, or from the snapshot); the log
-            # only keeps them longer than it needs to.
-            log.warning("could not mark batch %d of %s persisted: %s", batch_id, table, exc)
+        for writer in self._writers:
+            try:
+                writer.persisted(table, barrier=barrier, batch_id=batch_id, snapshot_id=snapshot_id)
+            except LogError as exc:
+                # Readers still get the rows (from the log, or from the snapshot); the log
+                # only keeps them longer than it needs to.
+                log.warning(
+                    "could not mark batch %d of %s persisted at %s: %s",
+                    batch_id, table, writer.url, exc,
+                )  # fmt: skip
 
     def close(self) -> None:
-        self._writer.close()
+        for writer in self._writers:
+            writer.close()
         if self._embedded is not None:
             _release_embedded(self._embedded)
             self._embedded = None
@@ -197,7 +250,17 @@ def _configure(
     )
 
 
-def check_log_options(mode: str | None, url: str | None, *, job: str) -> None:
+LogUrl = str | Sequence[str]
+
+
+def log_urls(url: LogUrl) -> tuple[str, ...]:
+    """``log_url`` as a tuple of addresses (one, or several a table's rows are spread
+    over by partition)."""
+    urls = (url,) if isinstance(url, str) else tuple(url)
+    return tuple(u.rstrip("/") for u in urls)
+
+
+def check_log_options(mode: str | None, url: LogUrl | None, *, job: str) -> None:
     """Refuse what ``register(log=..., log_url=...)`` cannot use, before anything is made."""
     from spark_barrier.job import BarrierConfigError
 
@@ -218,7 +281,14 @@ def check_log_options(mode: str | None, url: str | None, *, job: str) -> None:
                 f"job '{job}': log=\"external\" needs log_url=, the address of a log "
                 "service started by `metaservice log start --port P`"
             )
-        _check_log_reachable(job, url)
+        urls = log_urls(url)
+        if len(set(urls)) != len(urls) or not all(isinstance(u, str) and u for u in urls):
+            raise BarrierConfigError(
+                f"job '{job}': log_url={url!r}: give one address, or a list of different "
+                "addresses of log services"
+            )
+        for one in urls:
+            _check_log_reachable(job, one)
     elif url is not None:
         raise BarrierConfigError(
             f"job '{job}': log=\"embedded\" runs its own log service in this driver; "
@@ -226,13 +296,13 @@ def check_log_options(mode: str | None, url: str | None, *, job: str) -> None:
         )
 
 
-def open_job_log(spark: SparkSession, mode: str | None, url: str | None) -> JobLog | None:
+def open_job_log(spark: SparkSession, mode: str | None, url: LogUrl | None) -> JobLog | None:
     """The job's log as ``register`` asks (after :func:`check_log_options`; None: no log)."""
     if mode is None:
         return None
     if mode == "external":
         assert url is not None  # checked
-        return JobLog("external", url.rstrip("/"))
+        return JobLog("external", log_urls(url))
     service = _acquire_embedded(spark)
     return JobLog("embedded", service.url, embedded=service)
 

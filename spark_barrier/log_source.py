@@ -12,8 +12,8 @@ and the snapshots), never not at all. See :class:`metaservice.logstore.LogReader
 
 A Spark 4 Python data source with a simple stream reader: it reads on the driver,
 so it is meant for the second-level, modest-volume feeds a log serves. Its offset is
-the reader's position (snapshot, batch and the job whose batch it is, log epoch and
-sequence), so a batch Spark replays after a restart is read again from where it started.
+the reader's position (snapshot, batch and the job whose batch it is, and each log
+service's epoch and sequence by address: a table's log may be several services), so a batch Spark replays after a restart is read again from where it started.
 An offset written before the job was part of it reads the job from the snapshot's stamp.
 """
 
@@ -30,7 +30,7 @@ from pyspark.sql.types import LongType, StructField, StructType
 from spark_barrier.source import open_catalog_of
 
 LOG_SOURCE_NAME = "metaservice_log"
-_POSITION = ("committed_snapshot", "committed_batch", "committed_job", "epoch", "seq")
+_POSITION = ("committed_snapshot", "committed_batch", "committed_job", "logs")
 
 
 def read_log(
@@ -153,16 +153,28 @@ class LogStreamReader(SimpleDataSourceStreamReader):
 
 
 def _position(reader: Any) -> dict[str, Any]:
-    return {name: getattr(reader, name) for name in _POSITION}
+    here = {name: getattr(reader, name) for name in _POSITION if name != "logs"}
+    # Each log service's (epoch, seq), by address: a log may be several services.
+    here["logs"] = {url: list(position) for url, position in sorted(reader.positions.items())}
+    return here
 
 
 def _seek(reader: Any, offset: dict[str, Any]) -> None:
     for name in _POSITION:
-        setattr(reader, name, offset.get(name))
+        if name != "logs":
+            setattr(reader, name, offset.get(name))
+    logs = offset.get("logs")
+    if logs is None and offset.get("seq") is not None and len(reader.addresses) == 1:
+        # An offset written before a log could be several services: its one (epoch, seq).
+        logs = {reader.addresses[0]: [offset["epoch"], offset["seq"]]}
+    reader.positions = {url: (int(p[0]), int(p[1])) for url, p in (logs or {}).items()}
     reader.source = offset.get("source", "snapshots")
 
 
 def _reached(reader: Any, end: dict[str, Any]) -> bool:
     here = _position(reader)
+    if "logs" not in end and "seq" in end:  # an older end: one log's epoch and seq
+        (position,) = here["logs"].values() or [[None, None]]
+        here |= {"epoch": position[0], "seq": position[1]}
     # An end written before committed_job was kept lacks it: the other keys place it.
-    return all(here[k] == end[k] for k in _POSITION if k in end)
+    return all(here[k] == end[k] for k in (*_POSITION, "epoch", "seq") if k in end)

@@ -21,7 +21,7 @@ from metaservice.cli_output import (
 )
 from metaservice.client import MetaServiceClient, MetaServiceError, NotFoundError
 from metaservice.logstore.store import DEFAULT_KEEP_BARRIERS, DEFAULT_MAX_BYTES
-from metaservice.topology.schemas import LogStatus, TableLogStatus
+from metaservice.topology.schemas import LogServiceStatus, LogStatus, TableLogStatus
 
 app = typer.Typer(
     help="The log store: a low-latency, at-least-once copy of tables' newest rows "
@@ -156,7 +156,8 @@ def status(
     token: TokenOption = None,
 ) -> None:
     """Show each table's log: mode, address, offsets held, memory and readers, as the
-    MetaService gets them from the log services it names (GET /api/v1/tables/{table}/log)."""
+    MetaService gets them from the log services it names (GET /api/v1/tables/{table}/log);
+    a log spread over several services gets a row per service."""
     out = Printer(output)
     try:
         with MetaServiceClient(url, token=token) as ms:
@@ -172,7 +173,7 @@ def status(
     out.table(
         f"{len(logs)} table logs",
         ("table", "mode", "address", "epoch", "offsets held", "entries", "memory", "readers"),
-        [_row(entry) for entry in logs],
+        [row for entry in logs for row in _rows(entry)],
     )
 
 
@@ -183,15 +184,25 @@ def _log_of(ms: MetaServiceClient, table: str) -> TableLogStatus | None:
         return None
 
 
-def _row(entry: TableLogStatus) -> tuple[str, ...]:
-    found = entry.status
+def _rows(entry: TableLogStatus) -> list[tuple[str, ...]]:
+    """One row per log service of the table (a log may be spread over several)."""
+    services = entry.services or [
+        LogServiceStatus(
+            address=entry.address, reachable=entry.reachable, status=entry.status, error=entry.error
+        )
+    ]
+    return [_row(entry.table, entry.mode, one) for one in services]
+
+
+def _row(table: str, mode: str, service: LogServiceStatus) -> tuple[str, ...]:
+    found = service.status
     if found is None:
-        problem = entry.error or "no status"
-        return (entry.table, entry.mode, entry.address, "-", problem, "-", "-", "-")
+        problem = service.error or "no status"
+        return (table, mode, service.address, "-", problem, "-", "-", "-")
     return (
-        entry.table,
-        entry.mode,
-        entry.address,
+        table,
+        mode,
+        service.address,
         str(found.epoch),
         _offsets(found),
         str(found.entries),

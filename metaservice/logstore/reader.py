@@ -2,7 +2,7 @@
 
 The reader holds one position: the newest committed snapshot it has delivered in full,
 with its batch and the job whose batch that is (the snapshot's stamp), plus, while it
-follows the log, the log's ``(epoch, seq)``. Each :meth:`LogReader.poll` returns the rows
+follows the log, each log service's ``(epoch, seq)``. Each :meth:`LogReader.poll` returns the rows
 that are new since the last one:
 
 - **From the log** while it is close behind: the entries after its seq.
@@ -19,6 +19,16 @@ writer's batches 0-2. So the reader asks by batch *of a job*. The log of another
 (its writer names its job at its reset) answers from its start if it holds every batch
 that job wrote, else 410, and the reader goes on with the snapshots until one is
 stamped by the log's job.
+
+**Several log services.** A table's writer may spread its rows over several log
+services by partition (:mod:`metaservice.logstore.routing`); the reader merges them.
+Each poll asks every service from its own ``(epoch, seq)``, and the committed snapshot
+moves to the oldest batch every service has marked persisted and delivered in full
+(the writer marks every service, also one that got none of the batch's rows). When any
+one service is down, was reset or no longer holds the reader's position, the poll's
+answers of all of them are dropped and the reader reads the snapshots after its
+committed snapshot (the range it cannot prove it has from every service), then asks
+every service by batch again: duplicates of the other services' rows, never a gap.
 
 Every row of the table is delivered at least once: a switch re-reads from the last
 snapshot it had in full, so rows it got from the log after that come again (duplicates,
@@ -43,7 +53,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Literal
 
 import pyarrow as pa
@@ -78,7 +88,9 @@ class LogNotEnabled(LookupError):
 
 
 def log_address(metaservice: MetaServiceClient, table: str) -> str:
-    """The address of the table's log service, as its writer registered it."""
+    """The address of the table's log service, as its writer registered it (a log spread
+    over several services: their addresses separated by spaces; a :class:`LogReader`
+    takes either)."""
     view = metaservice.get_table(table)
     if view.log is None:
         raise LogNotEnabled(
@@ -106,7 +118,7 @@ class LogReader:
         self,
         table: str,
         *,
-        log_url: str | None,
+        log_url: str | Sequence[str] | None,
         catalog: Catalog | None = None,
         load_table: Callable[[str], Table] | None = None,
         start: Literal["earliest", "latest"] = "latest",
@@ -124,7 +136,9 @@ class LogReader:
         self.table = table
         self.reader_id = reader_id or f"reader-{uuid.uuid4().hex[:8]}"
         self._load_table = load_table
-        self._log = LogClient(log_url, timeout=timeout) if log_url else None
+        # The table's log services: one, or several its writer spreads its rows over by
+        # partition, merged here.
+        self._logs = [LogClient(url, timeout=timeout) for url in _addresses(log_url)]
         # Where the log is now: a restarted writer's embedded log has a new address.
         self._resolve = resolve
         self._timeout = timeout
@@ -137,9 +151,8 @@ class LogReader:
         self.committed_snapshot: int | None = None
         self.committed_batch: int | None = None
         self.committed_job: str | None = None
-        # ...and, while following the log, where in it.
-        self.epoch: int | None = None
-        self.seq: int | None = None
+        # ...and, while following the log, where in each service's: (epoch, seq) by address.
+        self.positions: dict[str, tuple[int, int]] = {}
         self.source: Source = "snapshots"
         self._log_down_since: float | None = None
         self._retry_log_at = 0.0
@@ -162,9 +175,14 @@ class LogReader:
             **kwargs,  # type: ignore[arg-type]
         )
 
+    @property
+    def addresses(self) -> list[str]:
+        """The log services the reader follows (none: it reads the snapshots only)."""
+        return [client.url for client in self._logs]
+
     def close(self) -> None:
-        if self._log is not None:
-            self._log.close()
+        for client in self._logs:
+            client.close()
 
     # -- following ------------------------------------------------------------------
     def poll(self) -> pa.Table | None:
@@ -172,7 +190,7 @@ class LogReader:
         now = time.monotonic()
         if self._resolve is not None and now >= self._check_at:
             self._check_address(now)
-        if self._log is not None and now >= self._retry_log_at:
+        if self._logs and now >= self._retry_log_at:
             rows = self._read_log()
             if self.source == "log":
                 return rows
@@ -191,26 +209,41 @@ class LogReader:
 
     # -- the log --------------------------------------------------------------------
     def _read_log(self) -> pa.Table | None:
-        """Rows from the log; leaves :attr:`source` at "snapshots" when they must be read."""
-        assert self._log is not None
+        """Rows from the log, every service's (each from its own position, or by batch
+        from the committed one); leaves :attr:`source` at "snapshots" when they must be
+        read. All or nothing: when one service cannot answer (down, reset, gone), the
+        others' answers are dropped too and the reader goes back to its committed
+        snapshot, the one position every service's rows are known to be in full."""
+        answers: list[tuple[str, LogRead]] = []
+        for client in self._logs:
+            answer = self._read_one(client)
+            if answer is None:
+                return None
+            answers.append((client.url, answer))
+        self._log_up()
+        return self._take(answers)
+
+    def _read_one(self, client: LogClient) -> LogRead | None:
+        """One service's answer; None when the snapshots must be read."""
+        position = self.positions.get(client.url) if self.source == "log" else None
         try:
-            if self.seq is None:
+            if position is None:
                 after_batch, job = self._batch_position()
-                answer = self._log.read(
+                return client.read(
                     self.table,
                     after_batch=after_batch,
                     job=job,
                     reader=self.reader_id,
                     max_bytes=self._max_bytes,
                 )
-            else:
-                answer = self._log.read(
-                    self.table,
-                    after_seq=self.seq,
-                    epoch=self.epoch,
-                    reader=self.reader_id,
-                    max_bytes=self._max_bytes,
-                )
+            epoch, seq = position
+            return client.read(
+                self.table,
+                after_seq=seq,
+                epoch=epoch,
+                reader=self.reader_id,
+                max_bytes=self._max_bytes,
+            )
         except LogApiError as exc:
             if (
                 not isinstance(exc, LogGoneError | LogResetError)
@@ -219,7 +252,10 @@ class LogReader:
                 raise
             # Gone, reset, or nothing of the table here yet: the snapshots have the rows.
             if self.source == "log":
-                log.info("log reader of %s: %s; reading its snapshots", self.table, exc.message)
+                log.info(
+                    "log reader of %s: %s (%s); reading its snapshots",
+                    self.table, exc.message, client.url,
+                )  # fmt: skip
             if isinstance(exc, LogResetError):
                 # A reset: a restarted writer, or a swap that un-published the log.
                 self._check_at = min(self._check_at, time.monotonic() + self._retry_log_seconds)
@@ -229,8 +265,6 @@ class LogReader:
         except LogUnavailable as exc:
             self._log_down(exc)
             return None
-        self._log_up()
-        return self._take(answer)
 
     def _batch_position(self) -> tuple[int, str | None]:
         """Where to ask the log from by batch: ``(batch, job)``. (-1, None): from the log's
@@ -245,27 +279,33 @@ class LogReader:
             return -1, None  # whose batch it is is not known: nothing may be skipped
         return self.committed_batch, self.committed_job
 
-    def _take(self, answer: LogRead) -> pa.Table | None:
+    def _take(self, answers: list[tuple[str, LogRead]]) -> pa.Table | None:
         if self.source != "log":
             log.info("log reader of %s follows the log again", self.table)
         self.source = "log"
-        self.epoch, self.seq = answer.epoch, answer.next_seq
-        if answer.committed_batch is not None and answer.committed_snapshot is not None:
-            # The log answered from a position in it, so its writer's mark is the reader's:
-            # newer than a position of another job's (an older writer's snapshot).
+        self.positions = {url: (a.epoch, a.next_seq) for url, a in answers}
+        committed = _committed_in_all([a for _, a in answers])
+        if committed is not None:
+            batch, snapshot, job = committed
+            # The logs answered from a position in them, so their writer's mark is the
+            # reader's: newer than a position of another job's (an older writer's snapshot).
             newer = (
                 self.committed_batch is None
-                or (answer.job is not None and answer.job != self.committed_job)
-                or answer.committed_batch > self.committed_batch
+                or (job is not None and job != self.committed_job)
+                or batch > self.committed_batch
             )
             if newer:
-                self.committed_batch = answer.committed_batch
-                self.committed_snapshot = answer.committed_snapshot
-                self.committed_job = answer.job  # None: its stamp says, when asked
-        return answer.rows if answer.rows is not None and answer.rows.num_rows else None
+                self.committed_batch, self.committed_snapshot = batch, snapshot
+                self.committed_job = job  # None: its stamp says, when asked
+        parts = [a.rows for _, a in answers if a.rows is not None and a.rows.num_rows]
+        if not parts:
+            return None
+        return (
+            parts[0] if len(parts) == 1 else pa.concat_tables(parts, promote_options="permissive")
+        )
 
     def _leave_log(self) -> None:
-        self.epoch = self.seq = None
+        self.positions = {}
         self.source = "snapshots"
 
     def _log_down(self, exc: Exception) -> None:
@@ -275,7 +315,7 @@ class LogReader:
                 "back (%s)",
                 self.table,
                 exc,
-            )
+            )  # one warning while it stays down: a log of several services counts as one
             self._log_down_since = time.monotonic()
         self._retry_log_at = time.monotonic() + self._retry_log_seconds
         self._check_at = min(self._check_at, self._retry_log_at)
@@ -294,24 +334,25 @@ class LogReader:
             return
         following = address is not None and self._log_down_since is None
         self._check_at = now + (self._check_log_seconds if following else self._retry_log_seconds)
-        current = None if self._log is None else self._log.url
-        if address is not None and current is not None and _same(address, current):
+        current = self.addresses
+        wanted = _addresses(address)
+        if wanted == current:
             return
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        for client in self._logs:
+            client.close()
+        self._logs = []
         # Back to the committed snapshot: a position in one log means nothing in another.
         self._leave_log()
-        if address is None:
-            if current is not None:
+        if not wanted:
+            if current:
                 log.info(
                     "table %s has no log published any more; reading its snapshots until "
                     "its writer publishes one",
                     self.table,
                 )
             return
-        log.info("log of %s is at %s", self.table, address)
-        self._log = LogClient(address, timeout=self._timeout)
+        log.info("log of %s is at %s", self.table, " ".join(wanted))
+        self._logs = [LogClient(url, timeout=self._timeout) for url in wanted]
         self._retry_log_at = now
 
     def _log_up(self) -> None:
@@ -368,8 +409,27 @@ class LogReader:
             return None
 
 
-def _same(address: str, other: str) -> bool:
-    return address.rstrip("/") == other.rstrip("/")
+def _addresses(address: str | Sequence[str] | None) -> list[str]:
+    """The log services' addresses: one, several (a sequence), or as published (separated
+    by spaces)."""
+    if address is None:
+        return []
+    found = address.split() if isinstance(address, str) else list(address)
+    return [a.rstrip("/") for a in found]
+
+
+def _committed_in_all(answers: list[LogRead]) -> tuple[int, int, str | None] | None:
+    """The newest committed batch the reader has in full from every service: the oldest of
+    their marks (each service is marked for every batch, rows or not). None when one
+    service has no mark, or the services name different jobs (a writer's reset reached
+    some of them only)."""
+    if any(a.committed_batch is None or a.committed_snapshot is None for a in answers):
+        return None
+    if len({a.job for a in answers}) != 1:
+        return None
+    oldest = min(answers, key=lambda a: a.committed_batch or 0)
+    assert oldest.committed_batch is not None and oldest.committed_snapshot is not None
+    return oldest.committed_batch, oldest.committed_snapshot, oldest.job
 
 
 def _with_stamp(rows: pa.Table, barrier: int | None, batch: int | None) -> pa.Table:

@@ -5,7 +5,8 @@ that are the revision job's, and its batch ids too. What a log service holds of 
 original (rows of batches the swap replaced, persisted marks of the old writer's batch
 ids) must not reach a reader again. So, once the swap has committed (which un-published
 those logs: ``service.finish_swap``), each log service that held the original or the
-mirror is told to reset the table with no batch kept (``POST /v1/tables/{t}/reset``
+mirror (each of them, for a log spread over several) is told to reset the table with no
+batch kept (``POST /v1/tables/{t}/reset``
 ``{"after_batch_id": null}``): it drops every entry, forgets the persisted marks (the
 next writer's batch ids are taken whatever they are) and holds nothing in full until
 that writer's own reset; its epoch moves on, so a reader following it gets
@@ -39,25 +40,27 @@ def drop_replaced(revision_id: int, logs: list[ReplacedLog]) -> None:
     failed: list[str] = []
     unreachable: set[str] = set()  # asked once per swap: each table would wait again
     for replaced in logs:
-        where = f"{replaced.table} at {replaced.address}"
-        if replaced.address in unreachable:
-            failed.append(f"{where}: not asked, unreachable")
-            continue
-        try:
-            with LogWriter(replaced.address, timeout=LOG_RESET_TIMEOUT_S) as writer:
-                epoch = writer.reset(replaced.table, after_batch_id=None)
-        except LogApiError as exc:
-            if exc.code == wire.TABLE_UNKNOWN_CODE:
-                continue  # it holds nothing of the table (a restarted log service)
-            failed.append(f"{where}: {exc}")
-        except Exception as exc:  # the swap is committed: nothing here may fail it
-            unreachable.add(replaced.address)
-            failed.append(f"{where}: {exc}")
-        else:
-            log.info(
-                "revision %d: the log of %s dropped the replaced rows (epoch %d)",
-                revision_id, where, epoch,
-            )  # fmt: skip
+        # A log spread over several services: each holds a part of the table's rows.
+        for address in replaced.address.split():
+            where = f"{replaced.table} at {address}"
+            if address in unreachable:
+                failed.append(f"{where}: not asked, unreachable")
+                continue
+            try:
+                with LogWriter(address, timeout=LOG_RESET_TIMEOUT_S) as writer:
+                    epoch = writer.reset(replaced.table, after_batch_id=None)
+            except LogApiError as exc:
+                if exc.code == wire.TABLE_UNKNOWN_CODE:
+                    continue  # it holds nothing of the table (a restarted log service)
+                failed.append(f"{where}: {exc}")
+            except Exception as exc:  # the swap is committed: nothing here may fail it
+                unreachable.add(address)
+                failed.append(f"{where}: {exc}")
+            else:
+                log.info(
+                    "revision %d: the log of %s dropped the replaced rows (epoch %d)",
+                    revision_id, where, epoch,
+                )  # fmt: skip
     if failed:
         log.warning(
             "revision %d is swapped, but these logs could not drop the replaced tables' "

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 NO_NUL = r"^[^\x00]*$"  # PostgreSQL text cannot hold NUL characters
 
@@ -43,8 +43,15 @@ LogMode = Literal["embedded", "external"]
 LOG_ADDRESS = r"^https?://[A-Za-z0-9.\-\[\]:]+(/[\x21-\x7e]*)?$"
 
 
+# The published addresses share one column (``tables.log_address``), separated by spaces.
+LOG_ADDRESSES_MAX_CHARS = 400
+LOG_SERVICES_MAX = 16
+
+
 class TableLogSpec(BaseModel):
-    """The body of ``PUT /tables/{table}/log``: where the table's log service runs."""
+    """The body of ``PUT /tables/{table}/log``: where the table's log service runs, or its
+    services when its rows are spread over several by partition (give ``address`` or
+    ``addresses``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -52,11 +59,54 @@ class TableLogSpec(BaseModel):
         description="'embedded': run by the writing Spark driver; 'external': a standalone "
         "`metaservice log start`"
     )
-    address: str = Field(max_length=400, pattern=LOG_ADDRESS, examples=["http://10.0.0.5:7070"])
+    address: str | None = Field(
+        None, max_length=400, pattern=LOG_ADDRESS, examples=["http://10.0.0.5:7070"]
+    )
+    addresses: list[Annotated[str, Field(max_length=400, pattern=LOG_ADDRESS)]] | None = Field(
+        None,
+        min_length=1,
+        max_length=LOG_SERVICES_MAX,
+        description="Several log services the writer spreads the table's rows over by "
+        "partition (readers merge them); instead of address. At most "
+        f"{LOG_ADDRESSES_MAX_CHARS} characters in all",
+        examples=[["http://10.0.0.5:7070", "http://10.0.0.6:7070"]],
+    )
+
+    @field_validator("addresses")
+    @classmethod
+    def _different(cls, addresses: list[str] | None) -> list[str] | None:
+        if addresses is not None:
+            if len(set(addresses)) != len(addresses):
+                raise ValueError("addresses holds the same address twice")
+            if len(" ".join(addresses)) > LOG_ADDRESSES_MAX_CHARS:
+                raise ValueError(
+                    f"addresses take more than {LOG_ADDRESSES_MAX_CHARS} characters in all"
+                )
+        return addresses
+
+    def all_addresses(self) -> list[str]:
+        return [self.address] if self.address is not None else list(self.addresses or [])
 
 
-class TableLogView(TableLogSpec):
+class TableLogView(BaseModel):
+    mode: LogMode
+    address: str = Field(
+        description="The log service's address; for a log spread over several services, "
+        "their addresses separated by spaces (so a client that knows one address only "
+        "fails to reach it and never follows a part of the log as if it were all of it)"
+    )
+    addresses: list[str] = Field(
+        default_factory=list,
+        description="Every log service of the table (one, or the several its rows are "
+        "spread over by partition: a reader merges them all)",
+    )
     updated_ms: int = Field(description="When the writer last published it")
+
+    @model_validator(mode="after")
+    def _from_address(self) -> Self:
+        if not self.addresses:  # an older MetaService's answer names the address only
+            self.addresses = self.address.split()
+        return self
 
 
 class LogOffset(BaseModel):
@@ -104,16 +154,33 @@ class LogStatus(BaseModel):
     )
 
 
+class LogServiceStatus(BaseModel):
+    """One log service of a table, asked just now."""
+
+    address: str
+    reachable: bool = Field(
+        description="False: the log service did not answer (down, or its address is wrong)"
+    )
+    status: LogStatus | None = Field(description="None when the log service could not tell")
+    error: str | None = Field(description="Why there is no status")
+
+
 class TableLogStatus(TableLogView):
     """``GET /tables/{table}/log``: where the table's log runs and, asked just now, what it
     holds."""
 
     table: str
     reachable: bool = Field(
-        description="False: the log service did not answer (down, or its address is wrong)"
+        description="False: a log service did not answer (down, or its address is wrong)"
     )
-    status: LogStatus | None = Field(description="None when the log service could not tell")
-    error: str | None = Field(description="Why there is no status")
+    status: LogStatus | None = Field(
+        description="The log service's status when the log is one service; None when it "
+        "could not tell, and for a log of several services (see services)"
+    )
+    error: str | None = Field(description="Why there is no status (the first service's)")
+    services: list[LogServiceStatus] = Field(
+        default_factory=list, description="Each log service of the table, in addresses' order"
+    )
 
 
 class TableView(BaseModel):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import networkx as nx
@@ -23,6 +24,7 @@ from metaservice.topology.schemas import (
     JobEvent,
     JobSpec,
     JobView,
+    LogServiceStatus,
     LogStatus,
     SnapshotView,
     TableLogSpec,
@@ -284,6 +286,7 @@ def _log_view(table: Table) -> TableLogView | None:
     return TableLogView(
         mode=table.log_mode,
         address=table.log_address,
+        addresses=table.log_address.split(),
         updated_ms=table.log_updated_ms,
     )
 
@@ -301,9 +304,16 @@ def get_table(session: Session, ctx: Context, name: str) -> TableView:
 
 
 def put_table_log(session: Session, ctx: Context, name: str, spec: TableLogSpec) -> TableView:
-    """Publish where the table's log service runs (its writer, on start)."""
+    """Publish where the table's log service runs, or its services (its writer, on
+    start). Several addresses share the column, separated by spaces (they hold none)."""
+    if (spec.address is None) == (spec.addresses is None):
+        raise Invalid(
+            "give address (one log service) or addresses (several), not both",
+            field="address",
+            code="invalid_request",  # as the request schema's own refusals
+        )
     table = repo.require_table(session, name)
-    table.log_mode, table.log_address = spec.mode, spec.address
+    table.log_mode, table.log_address = spec.mode, " ".join(spec.all_addresses())
     table.log_updated_ms = ctx.now_ms()
     session.flush()
     return get_table(session, ctx, name)
@@ -336,18 +346,39 @@ def table_log(session: Session, name: str) -> TableLogView:
 def table_log_status(
     name: str, log: TableLogView, *, timeout: float = LOG_STATUS_TIMEOUT_S
 ) -> TableLogStatus:
-    """What the table's log service holds now. Called outside any database session: the
-    answer may take up to ``timeout``, and a connection is not held for it."""
+    """What the table's log services hold now. Called outside any database session: the
+    answer may take up to ``timeout`` (the services are asked at once), and a connection
+    is not held for it."""
+    if len(log.addresses) == 1:
+        services = [service_log_status(name, log.addresses[0], timeout=timeout)]
+    else:
+        with ThreadPoolExecutor(max_workers=len(log.addresses)) as pool:
+            services = list(
+                pool.map(lambda a: service_log_status(name, a, timeout=timeout), log.addresses)
+            )
+    failed = [s for s in services if s.error is not None]
+    return TableLogStatus(
+        **log.model_dump(),
+        table=name,
+        reachable=all(s.reachable for s in services),
+        status=services[0].status if len(services) == 1 else None,
+        error=failed[0].error if failed else None,
+        services=services,
+    )
+
+
+def service_log_status(
+    name: str, address: str, *, timeout: float = LOG_STATUS_TIMEOUT_S
+) -> LogServiceStatus:
+    """What one log service holds of the table now."""
 
     def answer(
         status: LogStatus | None, error: str | None, reachable: bool = True
-    ) -> TableLogStatus:
-        return TableLogStatus(
-            **log.model_dump(), table=name, reachable=reachable, status=status, error=error
-        )
+    ) -> LogServiceStatus:
+        return LogServiceStatus(address=address, reachable=reachable, status=status, error=error)
 
     try:
-        with LogClient(log.address, timeout=timeout) as client:
+        with LogClient(address, timeout=timeout) as client:
             found = client.status(name)
     except (LogUnavailable, httpx.HTTPError) as exc:  # refused, timed out, a 5xx
         return answer(None, str(exc), reachable=False)
@@ -359,7 +390,7 @@ def table_log_status(
         return answer(LogStatus.model_validate(found[0]), None)
     except (ValueError, IndexError):
         # Not echoed: the body is whatever answers at an address a writer published.
-        return answer(None, f"{log.address} did not answer with a log status")
+        return answer(None, f"{address} did not answer with a log status")
 
 
 def table_snapshots(

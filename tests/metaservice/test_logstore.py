@@ -751,8 +751,9 @@ def test_a_table_log_is_published_and_shown_with_the_table(client: TestClient) -
     spec = {"mode": "external", "address": "http://10.0.0.5:7070"}
     view = client.put(f"{API}/tables/{TABLE}/log", json=spec)
     assert view.status_code == 200, view.text
-    assert view.json()["log"] == {**spec, "updated_ms": T0}
-    assert client.get(f"{API}/tables/{TABLE}").json()["log"] == {**spec, "updated_ms": T0}
+    shown = {**spec, "addresses": [spec["address"]], "updated_ms": T0}
+    assert view.json()["log"] == shown
+    assert client.get(f"{API}/tables/{TABLE}").json()["log"] == shown
     (listed,) = client.get(f"{API}/tables").json()["items"]
     assert listed["log"]["address"] == "http://10.0.0.5:7070"
     moved = client.put(
@@ -923,13 +924,18 @@ def test_a_table_log_status_is_what_its_log_service_holds(
     body = response.json()
     held = status_json(service.store.existing(TABLE).status())
     assert set(body["status"]) == STATUS_FIELDS
+    shown = {k: held[k] for k in STATUS_FIELDS}
     assert body == {
         **spec,
+        "addresses": [spec["address"]],
         "updated_ms": T0,
         "table": TABLE,
         "reachable": True,
         "error": None,
-        "status": {k: held[k] for k in STATUS_FIELDS},
+        "status": shown,
+        "services": [
+            {"address": spec["address"], "reachable": True, "error": None, "status": shown}
+        ],
     }
     status = body["status"]
     assert status["entries"] == 3 and status["bytes"] > 0

@@ -265,6 +265,35 @@ def test_a_table_page_shows_its_log_as_its_log_service_holds_it_or_that_it_is_un
         assert "null" not in page.inner_text("#view-tables")  # an absent part is no text
 
 
+def test_a_table_page_shows_each_service_of_a_log_spread_over_several(
+    tmp_path: Path, page: Any
+) -> None:
+    pa = pytest.importorskip("pyarrow")
+    from metaservice.logstore import LogWriter
+    from metaservice.logstore.server import LogService
+
+    down = f"http://127.0.0.1:{free_port()}"
+    with Service(f"sqlite:///{tmp_path / 'metaservice.db'}") as svc, LogService() as logs:
+        put_job(svc.http, "events", ["dw.clicks"])
+        addresses = [logs.url, down]
+        r = svc.http.put(
+            "/api/v1/tables/dw.clicks/log", json={"mode": "external", "addresses": addresses}
+        )
+        assert r.status_code == 200, r.text
+        writer = LogWriter(logs.url)
+        writer.reset("dw.clicks", after_batch_id=-1)
+        writer.append("dw.clicks", barrier=START_MS, batch_id=0, rows=pa.table({"id": [1, 2]}))
+
+        open_console(page, svc.url + "/ui/#/table/dw.clicks")
+        page.wait_for_selector("[data-card='log'] [data-log-services='2']")
+        shown = page.inner_text("[data-card='log']")
+        assert "2 (rows spread by partition)" in shown
+        held = page.locator(f"[data-log-service='{logs.url}']")
+        assert held.locator("[data-log-entries]").get_attribute("data-log-entries") == "1"
+        gone = page.inner_text(f"[data-log-service='{down}']")
+        assert "unreachable" in gone
+
+
 def test_with_auth_on_the_console_asks_for_a_token_once(tmp_path: Path, page: Any) -> None:
     url = f"sqlite:///{tmp_path / 'metaservice.db'}"
     with Service(url, auth_required=True) as svc:

@@ -77,7 +77,7 @@
     return h("span", { class: `badge ${lv}` }, lv === "nodata" ? "no data yet" : `delay ${duration(t.delay_ms)}`);
   }
   const tableLink = (name) => h("a", { href: `#/table/${enc(name)}`, "data-table-link": name }, name);
-  const logBadge = (log) => h("span", { class: "badge log", "data-log": log.mode, title: `${log.mode} log at ${log.address}` }, "log");
+  const logBadge = (log) => h("span", { class: "badge log", "data-log": log.mode, title: `${log.mode} log at ${(log.addresses || [log.address]).join(", ")}` }, "log");
 
   // -- the API --------------------------------------------------------------------------------
 
@@ -425,7 +425,7 @@
         h("dt", {}, "frontier"), h("dd", {}, hasData(t) ? when(t.frontier) : "no data yet"),
         h("dt", {}, "last commit"), h("dd", {}, hasData(t) ? when(t.latest_barrier) : "–"),
         h("dt", {}, "latest snapshot"), h("dd", {}, t.latest_snapshot ?? "–"),
-        t.log ? [h("dt", {}, "log"), h("dd", {}, `${t.log.mode} at ${t.log.address}`)] : null),
+        t.log ? [h("dt", {}, "log"), h("dd", {}, `${t.log.mode} at ${(t.log.addresses || [t.log.address]).join(", ")}`)] : null),
       h("p", {}, h("a", { href: `#/table/${enc(name)}`, id: "open-table" }, "Open the table's page →"),
         " · ", h("a", { href: `#/focus/${enc(name)}` }, "focus here")),
       h("h3", {}, "Critical path"),
@@ -596,17 +596,31 @@
   function logView(res) {
     if (res.error) return failed(res.error);
     const l = res.ok;
-    const s = l.status;
-    const where = [
-      h("dt", {}, "mode"), h("dd", {}, l.mode),
-      h("dt", {}, "address"), h("dd", {}, h("code", {}, l.address)),
-      h("dt", {}, "published"), h("dd", {}, when(l.updated_ms)),
-    ];
+    const services = l.services && l.services.length ? l.services : [{ address: l.address, reachable: l.reachable, status: l.status, error: l.error }];
+    if (services.length === 1) {
+      return logServiceView(services[0], [
+        h("dt", {}, "mode"), h("dd", {}, l.mode),
+        h("dt", {}, "address"), h("dd", {}, h("code", {}, services[0].address)),
+        h("dt", {}, "published"), h("dd", {}, when(l.updated_ms)),
+      ]);
+    }
+    // A log spread over several services by partition: each one's own facts.
+    return h("div", { "data-log-services": services.length },
+      h("dl", { class: "facts" },
+        h("dt", {}, "mode"), h("dd", {}, l.mode),
+        h("dt", {}, "services"), h("dd", {}, `${services.length} (rows spread by partition)`),
+        h("dt", {}, "published"), h("dd", {}, when(l.updated_ms))),
+      services.map((svc) => h("div", { class: "log-service", "data-log-service": svc.address },
+        h("h4", {}, h("code", {}, svc.address)), logServiceView(svc, []))));
+  }
+
+  function logServiceView(svc, where) {
+    const s = svc.status;
     if (!s) {
-      const problem = l.reachable
-        ? h("p", { class: "muted", "data-log-problem": "" }, l.error)
-        : h("p", { "data-log-unreachable": "" }, h("span", { class: "badge late" }, "unreachable"), " ", h("span", { class: "muted" }, l.error));
-      return h("div", {}, h("dl", { class: "facts" }, where), problem);
+      const problem = svc.reachable
+        ? h("p", { class: "muted", "data-log-problem": "" }, svc.error)
+        : h("p", { "data-log-unreachable": "" }, h("span", { class: "badge late" }, "unreachable"), " ", h("span", { class: "muted" }, svc.error));
+      return h("div", {}, where.length ? h("dl", { class: "facts" }, where) : null, problem);
     }
     const offset = (o) => (o ? `batch ${o.batch_id}, seq ${o.seq} (barrier ${iso(o.barrier)})` : "–");
     const p = s.persisted;
