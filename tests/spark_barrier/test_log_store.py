@@ -221,6 +221,70 @@ def test_read_log_streams_the_rows_of_a_job_with_an_external_log_through_its_res
     assert logged.collect()[0].n > 0, "no row came from the log"
 
 
+def test_a_partitioned_table_logged_to_two_external_services_reaches_its_reader_by_partition(
+    spark: Any, service: Service
+) -> None:
+    """A job writes a bucketed table through two external log services: each row goes to
+    the service of its bucket (bucket modulo 2), and a LogReader merging both delivers
+    every row of the table at least once, most of them from the logs."""
+    from pyiceberg.transforms import BucketTransform
+    from pyiceberg.types import LongType
+
+    from metaservice.logstore import LogClient
+    from metaservice.logstore.store import LogStore
+
+    table_name = "ods.two_logs"
+    # Every persisted barrier kept: the test looks at which rows each service got.
+    logs = [LogService(LogStore(keep_barriers=100_000)).start() for _ in range(2)]
+    try:
+        job = spark_barrier.register(
+            spark,
+            service.url,
+            job="ingest_two_logs",
+            outputs={table_name: NUMBERS_SCHEMA},
+            partition_by={table_name: ["bucket(4, id)"]},
+            catalog_uri=service.db_url,
+            warehouse=service.warehouse,
+            catalog=service.catalog,
+            state_dir=service.state_dir,
+            log="external",
+            log_url=[s.url for s in logs],
+        )
+        published = service.client.get_table(table_name).log
+        assert published is not None and published.addresses == [s.url for s in logs]
+        follower = Follower(
+            LogReader.from_metaservice(
+                table_name, service.client, catalog=service.catalog, start="earliest"
+            )
+        )
+        writer = job.start(rate_numbers(spark, 20), job.sink(), trigger_seconds=0.5)
+        try:
+            time.sleep(10)
+        finally:
+            spark_barrier.stop_between_batches(writer)
+            job.close()
+        table = _table_ids(service, table_name)
+        follower.until_caught_up(table)
+        held = []
+        for log_service in logs:
+            with LogClient(log_service.url) as client:
+                rows = client.read(table_name, after_batch=-1).rows
+            held.append(set() if rows is None else set(rows.column("id").to_pylist()))
+    finally:
+        for log_service in logs:
+            log_service.stop()
+    assert len(table) > 50, f"the job committed only {len(table)} rows"
+    seen = set(follower.ids())
+    assert table <= seen, f"never delivered: {sorted(table - seen)[:20]}"
+    assert follower.ids_from_the_log(), "no row came from the logs"
+    bucket = BucketTransform(4).pyarrow_transform(LongType())
+    for index, ids in enumerate(held):
+        assert ids, f"log service {index} got no row"
+        buckets = bucket(pa.array(sorted(ids), pa.int64())).to_pylist()
+        assert {b % 2 for b in buckets} == {index}, f"service {index} holds another's rows"
+    assert table <= held[0] | held[1]
+
+
 def test_log_options_are_checked_before_anything_is_registered(
     spark: Any, service: Service
 ) -> None:
