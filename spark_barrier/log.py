@@ -2,7 +2,10 @@
 
 ``register(..., log="embedded")`` starts a log service in this driver (one per driver
 process, shared by its jobs, stopped with the last of them); ``log="external"`` with
-``log_url=`` names a standalone one (``metaservice log start``). Either way the job
+``log_url=`` names a standalone one (``metaservice log start``), or several: a list of
+addresses spreads each (partitioned) output's rows over them by partition
+(:mod:`metaservice.logstore.routing`), and every service is reset, marked persisted
+and asked for its spilled files. Either way the job
 publishes the address for its outputs to the MetaService, where readers find it
 (:class:`metaservice.logstore.LogReader`, :func:`read_log`), and resets each output's
 log to the last batch the MetaService recorded, naming the job: what a crashed driver
