@@ -39,6 +39,7 @@ from metaservice.revisions.service import ReplacedLog
 from metaservice.settings import Settings
 from metaservice.topology.schemas import TableLogStatus
 from spark_barrier.iceberg.catalog import ensure_table, open_catalog
+from spark_barrier.job import BarrierConfigError
 from spark_barrier.log import JobLog
 from tests.faults.processes import free_port
 from tests.metaservice.helpers import API, T0, assert_error, put_job, unchanged
@@ -384,3 +385,15 @@ def test_the_status_shows_each_service_and_one_that_is_down(
     assert found.reachable is False and found.status is None and found.error
     rows = _rows(TableLogStatus.model_validate(found.model_dump()))
     assert [r[2] for r in rows] == [two[0].url, two[1].url, down]
+
+
+def test_a_driver_refuses_several_services_for_an_unpartitioned_table_before_any_reset(
+    catalog: Catalog, ms: MetaServiceClient, two: list[LogService]
+) -> None:
+    flat = ensure_table(catalog, TABLE, SCHEMA)
+    job_log = JobLog("external", [s.url for s in two])
+    with pytest.raises(BarrierConfigError, match="not partitioned"):
+        job_log.open(ms, "clicks", {TABLE: flat}, None, {})
+    job_log.close()
+    assert all(TABLE not in s.store.names() for s in two)  # nothing reset
+    assert ms.get_table(TABLE).log is None  # nothing published
