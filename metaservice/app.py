@@ -12,6 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -21,7 +22,7 @@ from metaservice.barriers.endpoints import router as barriers_router
 from metaservice.barriers.endpoints import writes as barrier_writes_router
 from metaservice.clock import Clock, SystemClock
 from metaservice.context import Context
-from metaservice.db import Database, database_unreachable
+from metaservice.db import Database, database_contended, database_unreachable
 from metaservice.delay.endpoints import router as delay_router
 from metaservice.deps import Services
 from metaservice.docs import install_docs, operation_id
@@ -143,8 +144,20 @@ def _install_error_handlers(app: FastAPI) -> None:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return _error(exc.status_code, code, str(exc.detail))
 
+    @app.exception_handler(PoolTimeout)
+    async def no_connection(request: Request, exc: PoolTimeout) -> JSONResponse:
+        log.warning(
+            "no free database connection on %s %s: %s", request.method, request.url.path, exc
+        )
+        return _busy("every database connection of this replica stayed in use")
+
     @app.exception_handler(DBAPIError)
     async def database_error(request: Request, exc: DBAPIError) -> JSONResponse:
+        if database_contended(exc):
+            log.warning(
+                "transaction kept losing on %s %s: %s", request.method, request.url.path, exc.orig
+            )
+            return _busy("its transaction kept losing to concurrent ones (deadlock or conflict)")
         if not database_unreachable(exc):
             return await unexpected(request, exc)
         log.warning("database unreachable on %s %s: %s", request.method, request.url.path, exc.orig)
@@ -162,6 +175,19 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return _error(500, "internal", "internal error; the service log has the details")
+
+
+def _busy(why: str) -> JSONResponse:
+    """503 ``database_busy``: the database is reachable but too contended for now."""
+    response = _error(
+        503,
+        "database_busy",
+        f"the MetaService could not apply the request now: {why}. Nothing was applied; "
+        "retry shortly (registration, barrier, claim, grant and commit requests are idempotent); if this persists, spread "
+        "the load (fewer concurrent requests, long-polling next-barrier) or add replicas",
+    )
+    response.headers["Retry-After"] = "1"
+    return response
 
 
 class ObserveRequests:

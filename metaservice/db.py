@@ -94,9 +94,17 @@ def _retryable(exc: BaseException) -> bool:
     return False
 
 
+def database_contended(exc: DBAPIError) -> bool:
+    """A transaction that lost to others (deadlock, serialization failure, SQLite's
+    lock) on every one of its attempts: nothing was applied, and a retry may succeed."""
+    return _retryable(exc)
+
+
 def database_unreachable(exc: DBAPIError) -> bool:
     """The database could not be reached or dropped the connection (restart, network),
     as opposed to a statement that failed: the request changed nothing and may be retried."""
+    if database_contended(exc):
+        return False  # psycopg's deadlock is an OperationalError too, but not an outage
     if exc.connection_invalidated:
         return True
     if isinstance(exc, OperationalError) and "database is locked" not in str(exc):
