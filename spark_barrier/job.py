@@ -433,8 +433,8 @@ class BarrierJob:
                 answer = f"MetaService unavailable ({exc})"
                 log.debug("job %s waits for the MetaService to read %s: %s", self.name, table, exc)
             if _stop_requested(self.name):
-                # query.stop() waits for this call to return: give up now; nothing of the
-                # batch is committed, and the next run replays it.
+                # Asked to stop STOP_GRACE_S ago, and query.stop() waits for this call to
+                # return: give up; nothing of the batch is committed, the next run replays it.
                 raise BarrierBatchError(
                     f"job '{self.name}' is stopping: gave up waiting for '{table}' to be "
                     f"exact at barrier {barrier} (last answer: {answer}); the next run "
