@@ -311,6 +311,17 @@ def has_batches(session: Session, job_id: int) -> bool:
     )
 
 
+def jobs_with_open_batches(session: Session, job_ids: Sequence[int]) -> set[int]:
+    """Which of these jobs have a batch open (one statement for all)."""
+    if not job_ids:
+        return set()
+    return set(
+        session.execute(
+            select(Batch.job_id).where(Batch.job_id.in_(list(job_ids)), _OPEN).distinct()
+        ).scalars()
+    )
+
+
 def open_batch(session: Session, job_id: int) -> Batch | None:
     return session.execute(
         select(Batch).where(Batch.job_id == job_id, _OPEN).limit(1)

@@ -574,23 +574,40 @@ def advance_idle_many(session: Session, ctx: Context, jobs: Sequence[Job]) -> No
 
 def could_advance(session: Session, ctx: Context, jobs: Sequence[Job]) -> bool:
     """Whether :func:`advance_idle` might move one of these jobs or their upstream (a read:
-    decides whether a consistent-version read takes the write step first)."""
+    decides whether a consistent-version read takes the write step first).
+
+    A derived job might move when it has no open batch, every input has a writer, and
+    its inputs' frontiers have all passed its own; the upstream of such a job is looked
+    at too (a job with an open batch, or an input nobody writes, is not looked past).
+    Walked a layer of the upstream at a time, with a few statements per layer rather
+    than per job: a 50-table version sent about 120."""
     seen: set[int] = set()
-
-    def behind(job: Job) -> bool:
-        if job.kind != DERIVED or job.id in seen:
+    layer = [j for j in jobs if j.kind == DERIVED]
+    while layer:
+        layer = [j for j in {j.id: j for j in layer}.values() if j.id not in seen]
+        seen.update(j.id for j in layer)
+        if not layer:
             return False
-        seen.add(job.id)
-        if repo.open_batch(session, job.id) is not None:
-            return False
-        inputs = topo.input_tables(session, job.id)
-        writers = topo.jobs_by_ids(session, [t.writer_id for t in inputs if t.writer_id])
-        if not inputs or len(writers) < len({t.writer_id for t in inputs}):
-            return False
+        busy = repo.jobs_with_open_batches(session, [j.id for j in layer])
+        inputs = topo.input_tables_of_jobs(session, [j.id for j in layer if j.id not in busy])
+        writers = topo.jobs_by_ids(
+            session, sorted({t.writer_id for ts in inputs.values() for t in ts if t.writer_id})
+        )
         fronts = fr.frontiers(session, ctx, list(writers.values()), sealed_only=False)
-        return min(fronts.values()) > job.frontier or any(map(behind, writers.values()))
-
-    return any(map(behind, jobs))
+        upstream: list[Job] = []
+        for job in layer:
+            wanted = [
+                writers.get(t.writer_id) if t.writer_id is not None else None
+                for t in inputs.get(job.id, [])
+            ]
+            found = [w for w in wanted if w is not None]
+            if job.id in busy or not found or len(found) < len(wanted):
+                continue  # an input nobody writes: nothing to advance to
+            if min(fronts[w.id] for w in found) > job.frontier:
+                return True
+            upstream.extend(w for w in found if w.kind == DERIVED)
+        layer = upstream
+    return False
 
 
 def input_ranges(

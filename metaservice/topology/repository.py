@@ -97,6 +97,20 @@ def input_tables(session: Session, job_id: int) -> list[Table]:
     return list(session.execute(_INPUT_TABLES, {"job_id": job_id}).scalars())
 
 
+def input_tables_of_jobs(session: Session, job_ids: Sequence[int]) -> dict[int, list[Table]]:
+    """Each job's input tables (one statement for all; jobs without inputs are absent)."""
+    inputs: dict[int, list[Table]] = defaultdict(list)
+    if job_ids:
+        for job_id, table in session.execute(
+            select(JobInput.job_id, Table)
+            .join(Table, Table.id == JobInput.table_id)
+            .where(JobInput.job_id.in_(list(job_ids)))
+            .order_by(Table.name)
+        ):
+            inputs[job_id].append(table)
+    return inputs
+
+
 def output_tables(session: Session, job_id: int) -> list[Table]:
     return list(
         session.execute(
