@@ -48,6 +48,7 @@ from spark_barrier.log import JobLog
 from tests.faults.processes import free_port
 from tests.metaservice.helpers import API, T0, assert_error, put_job, unchanged
 from tests.metaservice.live_server import LiveServer
+from tests.metaservice.log_reads import barrier_of, drain, ids_of
 
 TABLE = "dw.events"
 SCHEMA = pa.schema([pa.field("id", pa.int64())])
@@ -58,14 +59,6 @@ OTHER_SCHEMA_ROWS = pa.RecordBatch.from_pydict({"name": ["x"]})
 
 def rows(*ids: int) -> pa.RecordBatch:
     return pa.RecordBatch.from_pydict({"id": list(ids)}, schema=SCHEMA)
-
-
-def barrier_of(batch_id: int) -> int:
-    return T0 + batch_id * 1000  # one batch per barrier unless a test says otherwise
-
-
-def ids_of(table: pa.Table | None) -> list[int]:
-    return [] if table is None else table.column("id").to_pylist()
 
 
 # -- the in-memory log ----------------------------------------------------------------------
@@ -545,18 +538,6 @@ class Writer:
 
     def table_ids(self) -> list[int]:
         return sorted(ids_of(self.table.refresh().scan().to_arrow()))
-
-
-def drain(reader: LogReader, polls: int = 6) -> tuple[list[int], list[str]]:
-    """Poll a few times; the ids delivered and the source of each poll that gave rows."""
-    got: list[int] = []
-    sources = []
-    for _ in range(polls):
-        new = reader.poll()
-        if new is not None:
-            got += ids_of(new)
-            sources.append(reader.source)
-    return got, sources
 
 
 def test_a_reader_close_behind_follows_the_log_before_the_commit(

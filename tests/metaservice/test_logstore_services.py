@@ -42,24 +42,17 @@ from spark_barrier.iceberg.catalog import ensure_table, open_catalog
 from spark_barrier.job import BarrierConfigError
 from spark_barrier.log import JobLog
 from tests.faults.processes import free_port
-from tests.metaservice.helpers import API, T0, assert_error, put_job, unchanged
+from tests.metaservice.helpers import API, assert_error, put_job, unchanged
 from tests.metaservice.live_server import LiveServer
+from tests.metaservice.log_reads import barrier_of, drain, ids_of
 
 TABLE = "dw.clicks"
 SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("region", pa.string())])
 REGIONS = ["eu", "us", "apac", "latam", "mea", "anz"]
 
 
-def barrier_of(batch_id: int) -> int:
-    return T0 + batch_id * 1000
-
-
 def rows_of(ids: list[int]) -> pa.Table:
     return pa.table({"id": ids, "region": [REGIONS[i % len(REGIONS)] for i in ids]}, schema=SCHEMA)
-
-
-def ids_of(table: pa.Table | None) -> list[int]:
-    return [] if table is None else table.column("id").to_pylist()
 
 
 @pytest.fixture
@@ -118,17 +111,6 @@ class Driver:
 
     def table_ids(self) -> list[int]:
         return sorted(ids_of(self.table.refresh().scan().to_arrow()))
-
-
-def drain(reader: LogReader, polls: int = 6) -> tuple[list[int], list[str]]:
-    got: list[int] = []
-    sources = []
-    for _ in range(polls):
-        new = reader.poll()
-        if new is not None:
-            got += ids_of(new)
-            sources.append(reader.source)
-    return got, sources
 
 
 def held_regions(service: LogService) -> set[str]:
