@@ -146,13 +146,16 @@ def check_query_of(job: Job, batch_id: int, query_id: str | None, known: Batch |
 
 
 def _next_source_barrier(session: Session, ctx: Context, job: Job, newest: Batch | None) -> int:
+    return _source_barrier(ctx, job, newest, repo.clock(session).last_issued)
+
+
+def _source_barrier(ctx: Context, job: Job, newest: Batch | None, last_issued: int) -> int:
     # Never below the last issued barrier (clock stepped back after a restart), never
     # at or below a sealed frontier (a reader already took that slot as complete) and
     # never below the job's own newest batch (which an offline claim may have put
     # ahead of the service's clock: only this job's barriers follow it).
     own = newest.barrier if newest is not None else 0
-    state = repo.clock(session)
-    return max(ctx.now_slot(), state.last_issued, job.frontier + ctx.interval, own)
+    return max(ctx.now_slot(), last_issued, job.frontier + ctx.interval, own)
 
 
 def _new_source_batch(
@@ -167,9 +170,7 @@ def _new_source_batch(
     """:func:`open_source_batch` for a batch asking for its barrier: the clock and the
     output count come from ``facts``, and the batch and the job's row are written as two
     plain statements. The batch returned is not in the session."""
-    # As _next_source_barrier, with the last issued barrier already read.
-    own = newest.barrier if newest is not None else 0
-    barrier = max(ctx.now_slot(), facts.last_issued, job.frontier + ctx.interval, own)
+    barrier = _source_barrier(ctx, job, newest, facts.last_issued)
     raised = min(barrier, ctx.now_slot())  # see open_source_batch
     if raised > facts.last_issued:  # else the UPDATE would change nothing
         repo.raise_clock(session, raised)
