@@ -148,12 +148,19 @@ class Database:
         (anyio's capacity limiter and cancel scope) on the hot requests; the context
         is copied, so the request id still reaches the log lines.
         """
+        return await self._in_thread(self.write, fn)
+
+    async def read_async(self, fn: Callable[[Session], T]) -> T:
+        """:meth:`read` from an ``async`` endpoint (see :meth:`write_async`)."""
+        return await self._in_thread(self.read, fn)
+
+    async def _in_thread(
+        self, run: Callable[[Callable[[Session], T]], T], fn: Callable[[Session], T]
+    ) -> T:
         if self._threads is None:
             self._threads = ThreadPoolExecutor(_THREADS, thread_name_prefix="metaservice-db")
         context = contextvars.copy_context()
-        return await asyncio.get_running_loop().run_in_executor(
-            self._threads, context.run, self.write, fn
-        )
+        return await asyncio.get_running_loop().run_in_executor(self._threads, context.run, run, fn)
 
     def _run(self, maker: sessionmaker[Session], fn: Callable[[Session], T]) -> T:
         for attempt in range(1, _MAX_ATTEMPTS + 1):

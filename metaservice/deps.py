@@ -13,7 +13,7 @@ lookup, only when auth is on) takes that hop itself.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import Depends, Query, Request, params
 from fastapi.concurrency import run_in_threadpool
@@ -21,6 +21,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from metaservice.auth import service as auth_service
 from metaservice.auth.schemas import Role
+from metaservice.barriers.changes import Changes
 from metaservice.barriers.schemas import MAX_SIGNED_64
 from metaservice.context import Context
 from metaservice.db import Database
@@ -31,6 +32,7 @@ from metaservice.errors import TooLarge, Unauthenticated
 class Services:
     ctx: Context
     db: Database
+    changes: Changes = field(default_factory=Changes)  # this replica's long-poll wake-ups
 
 
 def services_of(request: Request) -> Services:

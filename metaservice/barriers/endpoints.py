@@ -1,7 +1,8 @@
 from __future__ import annotations
 
-import asyncio
+import random
 import time
+from functools import partial
 
 from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
 from pydantic import BaseModel
@@ -28,9 +29,10 @@ from metaservice.errors import TooLarge
 from metaservice.metrics import BARRIERS, COMMITS
 from metaservice.schemas_common import error_responses
 
-# How long a next-barrier long poll may wait, and how often it looks again meanwhile.
+# How long a next-barrier long poll may wait, and how often it looks again meanwhile
+# when nothing it waits on moved on this replica (jittered by up to a fifth).
 MAX_NEXT_BARRIER_WAIT_MS = 30_000
-NEXT_BARRIER_POLL_S = 0.05
+NEXT_BARRIER_RECHECK_S = 0.5
 
 router = APIRouter(tags=["barriers"], dependencies=[require(Role.READER)])
 # The hot requests of running jobs (a batch's barrier, its report, next-barrier): the
@@ -86,6 +88,8 @@ async def batch_barrier(
             lambda session: offline.claim(session, s.ctx, job, batch_id, claimed, query_id)
         )
     BARRIERS.inc()
+    if result.start_barrier is None:
+        s.changes.notify([job])  # a source's new batch may move its frontier
     return _json(result)
 
 
@@ -122,7 +126,9 @@ def take_offline_grant(
     The job promises never to give itself a barrier below `floor`; its frontier
     stays below the returned `floor` until it reports in again or releases the grant.
     """
-    return s.db.write(lambda session: offline.grant(session, s.ctx, job, body.floor))
+    grant = s.db.write(lambda session: offline.grant(session, s.ctx, job, body.floor))
+    s.changes.notify_threadsafe([job])  # a new floor may move the job's frontier
+    return grant
 
 
 @router.delete(
@@ -138,6 +144,7 @@ def release_offline_grant(job: str, s: Services = Depends(services)) -> None:
     still on their way are refused afterwards.
     """
     s.db.write(lambda session: offline.release(session, s.ctx, job))
+    s.changes.notify_threadsafe([job])
 
 
 # A GET, but it fixes the job's next target: a writer's call.
@@ -174,17 +181,40 @@ async def next_barrier(
     """The end of a derived job's batch that starts after `after`: the offset every
     barrier source of the job reports as its latest."""
     s = services_of(http)
-    deadline = time.monotonic() + wait_ms / 1000
-    while True:
-        answer, held = await s.db.write_async(
+    if wait_ms == 0:
+        answer, _ = await s.db.write_async(
             lambda session: service.next_barrier_round(session, s.ctx, job, after, source)
         )
+        return _json(answer)
+    deadline = time.monotonic() + wait_ms / 1000
+    while True:
+        # Look without locks first: a fixed plan is answered as it stands, and the
+        # locking round runs only when it may find a target (or must record who asked).
+        seen = s.changes.mark()
+        look = await s.db.read_async(
+            lambda session: service.next_barrier_readiness(session, s.ctx, job, after, source)
+        )
+        if look.answer is not None:
+            if look.stale:
+                touch = partial(service.touch_job_id, ctx=s.ctx, job_id=look.job_id)
+                await s.db.write_async(touch)
+            return _json(look.answer)
         left = deadline - time.monotonic()
-        if answer.ready or held or left <= 0:
-            return _json(answer)
-        # Readiness comes from other jobs' reports, possibly on another replica: look
-        # again shortly, without holding a worker thread while waiting.
-        await asyncio.sleep(min(NEXT_BARRIER_POLL_S, left))
+        if look.worth_a_round or left <= 0:
+            answer, held = await s.db.write_async(
+                lambda session: service.next_barrier_round(session, s.ctx, job, after, source)
+            )
+            if answer.ready or held or left <= 0:
+                return _json(answer)
+        # Wait for an input's writer to move on this replica (a report, a source's new
+        # batch), without holding a thread or a connection; look again meanwhile for
+        # what is not notified: other replicas, and the clock closing a slot, which
+        # moves an idle source's frontier.
+        pause = NEXT_BARRIER_RECHECK_S * (1 + random.random() / 5)
+        if look.idle_sources:
+            interval = s.ctx.interval
+            pause = min(pause, (interval - s.ctx.now_ms() % interval + 5) / 1000)
+        await s.changes.wait(look.writers, since=seen, timeout=min(left, pause))
 
 
 @router.get(
@@ -233,6 +263,8 @@ async def report_commit(http: Request, report: CommitReport) -> Response:
         lambda session: service.report_commits(session, s.ctx, [report])
     )
     COMMITS.labels(result=result.results[0].status).inc()
+    if result.results[0].batch_committed:
+        s.changes.notify([report.job])
     return _json(result.results[0])
 
 
@@ -255,6 +287,7 @@ async def report_commits(
     )
     COMMITS.labels(result="recorded").inc(result.recorded)
     COMMITS.labels(result="duplicate").inc(result.duplicates)
+    s.changes.notify({r.job for r in result.results if r.batch_committed})
     return _json(result)
 
 

@@ -198,6 +198,11 @@ def touch_job(session: Session, job: Job, now_ms: int) -> None:
     set_committed_value(job, "last_seen_ms", now_ms)
 
 
+def touch_job_id(session: Session, job_id: int, now_ms: int) -> None:
+    """:func:`touch_job` of a job not read in this transaction (one plain UPDATE)."""
+    session.connection().execute(_TOUCHED, {"job_id": job_id, "now": now_ms})
+
+
 _INSERT_COMMITS = insert(_table_of(Commit))
 _COMMIT_COLUMNS = ("job_id", "batch_id", "table_id", "barrier", "snapshot_id", "created_ms")
 _BATCHES = _table_of(Batch)

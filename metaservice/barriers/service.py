@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from sqlalchemy.orm import Session
 
@@ -434,17 +435,7 @@ def next_barrier_round(
     """:func:`next_barrier`, and whether a "not ready" answer was held from an earlier
     call of the same round (asking again in this round cannot change it)."""
     job = lock_job_named(session, job_name)
-    if job.kind != DERIVED:
-        raise Invalid(
-            f"job '{job.name}' has no table inputs; a source job's batches get their "
-            f"barriers from POST /api/v1/jobs/{job.name}/batches/{{batch_id}}/barrier",
-            field="job",
-            code="not_derived",
-        )
-    check_superseded(session, job)
-    start = job.frontier if after is None else after
-    if after is not None:
-        _check_start(session, job, after)
+    start = _checked_start(session, job, after)
     plan, held = _plan(session, ctx, job, start, source)
     target = plan.barrier
     answer = NextBarrier(
@@ -455,6 +446,107 @@ def next_barrier_round(
     )
     repo.touch_job(session, job, ctx.now_ms())  # last: written with the plan's changes
     return answer, held
+
+
+class Readiness(NamedTuple):
+    """What a read-only look at a derived job's next batch found (see
+    :func:`next_barrier_readiness`)."""
+
+    answer: NextBarrier | None  # the plan is fixed: the answer, read without a lock
+    job_id: int
+    stale: bool  # the job's last-seen time is more than an interval old
+    writers: tuple[str, ...]  # the jobs writing its inputs: what a long poll waits on
+    worth_a_round: bool  # the locking round may fix a target now, or must record the source
+    idle_sources: bool  # an input writer is a source with no open batch (moves with the clock)
+
+
+def next_barrier_readiness(
+    session: Session,
+    ctx: Context,
+    job_name: str,
+    after: int | None = None,
+    source: str | None = None,
+) -> Readiness:
+    """:func:`next_barrier_round` as a read: the answer when the plan for the start is
+    already fixed (the same as the round gives, with the same refusals), else whether
+    running the round now could answer anything but "not ready".
+
+    A long poll asks this first and takes the round's row locks only when it is worth
+    it: hundreds of polls re-running the round kept the pool's connections queued on
+    the locks of the rows that sources' barriers and reports need (issue 13). A "no"
+    here is only an estimate: frontiers move with the clock and other replicas' writes,
+    so the poll looks again, and runs the round before it answers "not ready".
+    """
+    job = topo.require_job(session, job_name)
+    start = _checked_start(session, job, after)
+    plan = repo.get_plan(session, job.id, start)  # read by _checked_start: no statement
+    seen = job.last_seen_ms
+    stale = seen is None or seen < ctx.now_ms() - ctx.interval
+    if plan is not None and plan.barrier is not None:
+        answer = NextBarrier(
+            job=job.name, barrier=plan.barrier, start_barrier=start, ready=plan.barrier > start
+        )
+        return Readiness(answer, job.id, stale, (), False, False)
+    inputs = topo.input_tables(session, job.id)
+    writers = topo.jobs_by_ids(session, sorted({t.writer_id for t in inputs if t.writer_id}))
+    names = tuple(sorted(w.name for w in writers.values()))
+    idle = any(w.kind == SOURCE and w.open_batches == 0 for w in writers.values())
+    worth = _worth_a_round(session, ctx, job, start, plan, source, inputs, writers)
+    return Readiness(None, job.id, stale, names, worth, idle)
+
+
+def _worth_a_round(
+    session: Session,
+    ctx: Context,
+    job: Job,
+    start: int,
+    plan: BatchPlan | None,
+    source: str | None,
+    inputs: Sequence[Table],
+    writers: dict[int, Job],
+) -> bool:
+    """Whether :func:`_plan` may answer other than a plain "not ready" now: the read-only
+    twin of its decision (frontiers as sealing would make them; an upstream derived job
+    that might be advanced counts as a maybe)."""
+    if plan is not None and source is not None and source not in plan.asked.split("\n"):
+        return True  # held for the round: the round records who asked
+    base = max(start, job.frontier)
+    if base > start:
+        return True
+    if not inputs or any(t.writer_id is None for t in inputs):
+        return False
+    found = list(writers.values())
+    derived = [w for w in found if w.kind == DERIVED]
+    if derived and could_advance(session, ctx, derived):
+        return True
+    limit = min(fr.frontiers(session, ctx, found, sealed_only=False).values())
+    candidates = None
+    if derived:
+        sets = [set(repo.committed_barriers(session, w.id, base, limit)) for w in derived]
+        candidates = sorted(set.intersection(*sets))
+    return fr.aligned_target(base, limit, ctx.interval, candidates) is not None
+
+
+def touch_job_id(session: Session, ctx: Context, job_id: int) -> None:
+    """The job was seen now (a long poll answered from a fixed plan, without the round)."""
+    repo.touch_job_id(session, job_id, ctx.now_ms())
+
+
+def _checked_start(session: Session, job: Job, after: int | None) -> int:
+    """The start of the batch a next-barrier call asks about, with its refusals: not a
+    derived job (422), superseded (409), a start the job never had (409)."""
+    if job.kind != DERIVED:
+        raise Invalid(
+            f"job '{job.name}' has no table inputs; a source job's batches get their "
+            f"barriers from POST /api/v1/jobs/{job.name}/batches/{{batch_id}}/barrier",
+            field="job",
+            code="not_derived",
+        )
+    check_superseded(session, job)
+    if after is None:
+        return job.frontier
+    _check_start(session, job, after)
+    return after
 
 
 def _check_start(session: Session, job: Job, after: int) -> None:

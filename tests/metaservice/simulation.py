@@ -986,7 +986,9 @@ class Simulation:
                 "GET",
                 f"/jobs/{js.name}/next-barrier",
                 {200},
-                params={"after": js.offset, "source": source},
+                # Every other source as a long poll (1 ms): its look without locks
+                # first, then the round, must give the same answers (issue 13).
+                params={"after": js.offset, "source": source, "wait_ms": i % 2},
             ).json()
             assert nb["start_barrier"] == js.offset, (nb, js.offset)
             assert nb["ready"] == (nb["barrier"] > js.offset), nb

@@ -1,0 +1,145 @@
+"""The next-barrier long poll waits for a change instead of re-running the locking round
+(issue 13): it answers a fixed plan without taking a row lock, sends few statements
+while nothing it waits on moves, and answers soon after a report makes the batch ready,
+on the same replica (notified) and on another one on the same PostgreSQL (it looks
+again shortly)."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+
+from metaservice.barriers import endpoints
+from metaservice.migrate import upgrade
+from tests.metaservice.helpers import SLOT, commit, custom_client, get_json, put_job, run_batch
+from tests.metaservice.test_statement_counts import counting
+
+
+def next_barrier(client: TestClient, job: str, **params: Any) -> Any:
+    return get_json(client, f"/jobs/{job}/next-barrier", **params)
+
+
+def in_thread(call: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    answers: list[Any] = []
+    thread = threading.Thread(target=lambda: answers.append(call()), daemon=True)
+    thread.start()
+    return thread, answers
+
+
+def two_layers(client: TestClient, clock: Any) -> int:
+    """``s`` writes ods.s; ``d1`` reads it into dw.a and has opened (not reported) its
+    batch 0, ending at the returned barrier; ``d2`` reads dw.a into dw.b."""
+    put_job(client, "s", ["ods.s"])
+    put_job(client, "d1", ["dw.a"], inputs=["ods.s"])
+    put_job(client, "d2", ["dw.b"], inputs=["dw.a"])
+    run_batch(client, "s", 0, {"ods.s": 1})
+    clock.advance(2 * SLOT)
+    first = next_barrier(client, "d1", after=0, source="ods.s")
+    assert first["ready"], first
+    r = client.post("/api/v1/jobs/d1/batches/0/barrier", json={"start": 0, "end": first["barrier"]})
+    assert r.status_code == 200, r.text
+    return int(first["barrier"])
+
+
+def test_a_waiting_long_poll_is_woken_by_the_report_that_makes_its_batch_ready(
+    client, clock, db_url, monkeypatch
+):
+    # Looking again on its own only every 10 s: an answer well before that came from
+    # the report's notification.
+    monkeypatch.setattr(endpoints, "NEXT_BARRIER_RECHECK_S", 10.0)
+    b0 = two_layers(client, clock)
+    with counting(client) as statements:
+        thread, answers = in_thread(
+            lambda: next_barrier(client, "d2", after=0, source="dw.a", wait_ms=20_000)
+        )
+        time.sleep(1.0)
+        assert not answers, "d2 was answered before d1 committed its batch"
+    # The old poll re-ran the round (about 10 statements) every 50 ms: 200 a second.
+    assert statements.count <= 20, f"{statements.count} statements while nothing moved"
+    commit(client, "d1", 0, b0, "dw.a", 11)
+    reported = time.monotonic()
+    thread.join(timeout=15)
+    assert answers and answers[0]["ready"] and answers[0]["barrier"] == b0, answers
+    assert time.monotonic() - reported < 5, "the long poll was not woken by the report"
+
+
+def test_a_long_poll_on_another_replica_answers_soon_after_the_report(pg_url, clock):
+    upgrade(pg_url)
+    with custom_client(pg_url, clock) as one, custom_client(pg_url, clock) as other:
+        b0 = two_layers(one, clock)
+        thread, answers = in_thread(
+            lambda: next_barrier(other, "d2", after=0, source="dw.a", wait_ms=20_000)
+        )
+        time.sleep(0.5)
+        assert not answers
+        commit(one, "d1", 0, b0, "dw.a", 11)
+        reported = time.monotonic()
+        thread.join(timeout=15)
+        assert answers and answers[0]["ready"] and answers[0]["barrier"] == b0, answers
+        assert time.monotonic() - reported < 5, "the other replica's poll waited out wait_ms"
+
+
+@contextmanager
+def rows_locked(db_url: str) -> Iterator[None]:
+    """Every job row locked by another transaction (PostgreSQL: FOR UPDATE; SQLite: the
+    database's write lock, BEGIN IMMEDIATE) until the block ends."""
+    if db_url.startswith("sqlite"):
+        conn = sqlite3.connect(db_url.removeprefix("sqlite:///"), isolation_level=None)
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        finally:
+            conn.execute("ROLLBACK")
+            conn.close()
+        return
+    engine = sa.create_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT id FROM jobs ORDER BY id FOR UPDATE"))
+            try:
+                yield
+            finally:
+                conn.rollback()
+    finally:
+        engine.dispose()
+
+
+def test_a_long_poll_for_a_fixed_plan_takes_no_row_lock(client, clock, db_url):
+    put_job(client, "sa", ["ods.a"])
+    put_job(client, "sb", ["ods.b"])
+    put_job(client, "d", ["dw.d"], inputs=["ods.a", "ods.b"])
+    run_batch(client, "sa", 0, {"ods.a": 1})
+    run_batch(client, "sb", 0, {"ods.b": 2})
+    clock.advance(2 * SLOT)
+    first = next_barrier(client, "d", after=0, source="ods.a", wait_ms=2_000)
+    assert first["ready"], first
+    with rows_locked(db_url):
+        started = time.monotonic()
+        thread, answers = in_thread(
+            lambda: next_barrier(client, "d", after=0, source="ods.b", wait_ms=2_000)
+        )
+        thread.join(timeout=10)
+        took = time.monotonic() - started
+        assert answers == [first], answers
+    assert took < 1.5, f"the poll waited {took:.1f} s for the locks of the jobs' rows"
+
+
+@pytest.mark.parametrize("wait_ms", [0, 2_000])
+def test_a_fixed_plan_is_answered_the_same_with_or_without_a_wait(client, clock, db_url, wait_ms):
+    put_job(client, "s", ["ods.s"])
+    put_job(client, "d", ["dw.d"], inputs=["ods.s"])
+    run_batch(client, "s", 0, {"ods.s": 1})
+    clock.advance(2 * SLOT)
+    first = next_barrier(client, "d", after=0, source="ods.s")
+    run_batch(client, "s", 1, {"ods.s": 2})
+    clock.advance(5 * SLOT)  # more is ready now; the plan after 0 stays
+    assert next_barrier(client, "d", after=0, source="ods.s", wait_ms=wait_ms) == first
+    assert next_barrier(client, "d", wait_ms=wait_ms) == first
