@@ -36,6 +36,14 @@ each is a warm-up and left out; medians and paired ratios are reported.
 
     python -m bench.bench_spark [--out bench/results/spark.json] [--quick]
                                 [--cases append,upsert,cdc,changelog] [--sizes 10000,1000000]
+                                [--writers auto,python]
+
+``--writers``: the hooks' tables are written as their property
+``spark-barrier.write.native`` says: ``auto`` (the default: Spark's own Parquet writer
+for large batches), ``python`` (``false``: pyiceberg's writer in Python workers, as
+every batch was before ``auto``) or ``spark`` (``true``). Several writers run each case
+once per writer, on a table of its own, in the same session (before and after side by
+side); results of a writer other than ``auto`` are keyed ``case/writer``.
 
 Run it alone: no test suite or other Spark job beside it. Everything runs on
 loopback, in a temporary folder removed afterwards.
@@ -71,8 +79,11 @@ from bench.common import host_facts, loadavg
 from examples.embedded import EmbeddedMetaService
 from metaservice.settings import Settings
 from spark_barrier.iceberg.changelog import changelog_files
+from spark_barrier.iceberg.native_write import NATIVE_WRITER_PROPERTY
 
 CASES = ("append", "upsert", "cdc", "changelog")
+# --writers: the table property spark-barrier.write.native each one sets.
+WRITERS = {"auto": "auto", "python": "false", "spark": "true"}
 KEY = "order_id"
 CHANGE_TYPE = "_change_type"
 
@@ -310,16 +321,22 @@ class Bench:
             **kwargs,
         )
 
-    def source_case(self, case: str, rows: int, reps: int) -> dict[str, Any]:
+    def set_writer(self, job: Any, table: str, writer: str) -> None:
+        """The table's writer (``--writers``), by its property, before any batch."""
+        with job.table(table).transaction() as txn:
+            txn.set_properties({NATIVE_WRITER_PROPERTY: WRITERS[writer]})
+
+    def source_case(self, case: str, rows: int, reps: int, writer: str) -> dict[str, Any]:
         """append, upsert or cdc: the sink called directly, beside its plain twin."""
-        table = f"bench.{case}_{rows}"
-        job = self.register(f"bench_{case}_{rows}", {table: orders_schema(self.spark)})
+        table = f"bench.{case}_{rows}_{writer}"
+        job = self.register(f"bench_{case}_{rows}_{writer}", {table: orders_schema(self.spark)})
+        self.set_writer(job, table, writer)
         sink = {
             "append": lambda: job.sink(table),
             "upsert": lambda: job.sink(table, mode="upsert", key_columns=[KEY]),
             "cdc": lambda: job.sink(table, mode="cdc", key_columns=[KEY], op_column="op"),
         }[case]()
-        plain_dir = self.root / "plain" / f"{case}_{rows}"
+        plain_dir = self.root / "plain" / f"{case}_{rows}_{writer}"
         feeder = Feeder(self.spark, job, sink, self.root / "checkpoints" / job.name)
         runs = Runs()
         current: Path | None = None
@@ -351,23 +368,27 @@ class Bench:
             batch.unpersist()
             if rep:
                 runs.add(plain_ms, hooks_ms, self.records.last(job.name))
-            print(f"    {case:>9} {rows:>9,} rows, rep {rep}: plain {plain_ms:8.0f} ms, "
+            print(f"    {case:>9} {rows:>9,} rows ({writer}), rep {rep}: plain {plain_ms:8.0f} ms, "
                   f"hooks {hooks_ms:8.0f} ms", flush=True)  # fmt: skip
         feeder.stop()
         job.close()
         return runs.summary(rows)
 
-    def changelog_case(self, rows: int, reps: int) -> dict[str, Any]:
+    def changelog_case(self, rows: int, reps: int, files_by: str) -> dict[str, Any]:
         """A derived job reading a CDC table's changes, beside plain Spark netting the
-        same files. The CDC batches that make the changes are not timed."""
-        source_table, out_table = f"bench.cl_source_{rows}", f"bench.cl_changes_{rows}"
+        same files. The CDC batches that make the changes are not timed. ``files_by``
+        (``--writers``) writes both tables."""
+        tag = f"{rows}_{files_by}"
+        source_table, out_table = f"bench.cl_source_{tag}", f"bench.cl_changes_{tag}"
         schema = orders_schema(self.spark)
         with_type = T.StructType([*schema.fields, T.StructField(CHANGE_TYPE, T.StringType())])
-        writer = self.register(f"bench_cl_writer_{rows}", {source_table: schema})
+        writer = self.register(f"bench_cl_writer_{tag}", {source_table: schema})
         cdc = writer.sink(source_table, mode="cdc", key_columns=[KEY], op_column="op")
         reader = self.register(
-            f"bench_cl_reader_{rows}", {out_table: with_type}, inputs=[source_table]
+            f"bench_cl_reader_{tag}", {out_table: with_type}, inputs=[source_table]
         )
+        self.set_writer(writer, source_table, files_by)
+        self.set_writer(reader, out_table, files_by)
         feeder = Feeder(self.spark, writer, cdc, self.root / "checkpoints" / writer.name)
         iceberg = writer.table(source_table)
         runs = Runs()
@@ -391,17 +412,18 @@ class Bench:
                 finally:
                     spark_barrier.stop_between_batches(query)
                 files = changelog_files(iceberg, previous, snapshot.snapshot_id)
-                out = self.root / "plain" / f"changelog_{rows}" / f"v{rep}"
-                plain_ms = timed_ms(
-                    lambda files=files, out=out: plain_changelog(
-                        self.spark, schema, files.removed, files.added, out
-                    )
-                )
+                out = self.root / "plain" / f"changelog_{tag}" / f"v{rep}"
+
+                def plain(removed: list[str] = files.removed, added: list[str] = files.added,
+                          out: Path = out) -> None:  # fmt: skip
+                    plain_changelog(self.spark, schema, removed, added, out)
+
+                plain_ms = timed_ms(plain)
                 previous = snapshot.snapshot_id
                 hooks_ms = float(record["total_ms"])
                 if rep:
                     runs.add(plain_ms, hooks_ms, record)
-                print(f"    changelog {rows:>9,} rows, rep {rep}: plain {plain_ms:8.0f} ms, "
+                print(f"    changelog {rows:>9,} rows ({files_by}), rep {rep}: plain {plain_ms:8.0f} ms, "
                       f"hooks {hooks_ms:8.0f} ms", flush=True)  # fmt: skip
         finally:
             feeder.stop()
@@ -431,6 +453,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     unknown = set(cases) - set(CASES)
     if unknown:
         raise SystemExit(f"unknown cases {sorted(unknown)}; choose from {', '.join(CASES)}")
+    writers = [w for w in args.writers.split(",") if w]
+    if not writers or set(writers) - set(WRITERS):
+        raise SystemExit(f"--writers: choose from {', '.join(WRITERS)}")
     spark = spark_barrier.local_spark_builder("bench-spark").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     results: dict[str, Any] = {}
@@ -446,12 +471,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for rows in sizes:
                 reps = args.reps_small if rows < 100_000 else args.reps_large
                 for case in cases:
-                    print(f"  {case} at {rows:,} rows: 1 warm-up + {reps} repetitions", flush=True)
-                    if case == "changelog":
-                        figure = bench.changelog_case(rows, reps)
-                    else:
-                        figure = bench.source_case(case, rows, reps)
-                    results.setdefault(case, {})[str(rows)] = figure
+                    for writer in writers:
+                        print(f"  {case} at {rows:,} rows ({writer}): 1 warm-up + {reps} "
+                              "repetitions", flush=True)  # fmt: skip
+                        if case == "changelog":
+                            figure = bench.changelog_case(rows, reps, writer)
+                        else:
+                            figure = bench.source_case(case, rows, reps, writer)
+                        figure["writer"] = writer
+                        key = case if writer == "auto" else f"{case}/{writer}"
+                        results.setdefault(key, {})[str(rows)] = figure
     finally:
         spark.stop()
         shutil.rmtree(root, ignore_errors=True)
@@ -481,6 +510,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="10k rows, 2 repetitions")
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--sizes", default="10000,1000000")
+    parser.add_argument("--writers", default="auto", help="auto, python, spark (comma-separated)")
     parser.add_argument("--reps-small", type=int, default=6)
     parser.add_argument("--reps-large", type=int, default=3)
     args = parser.parse_args()

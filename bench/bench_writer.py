@@ -2,7 +2,7 @@
 
 ``spark_barrier.iceberg.files.write_data_files`` on two identical tables side by side,
 one with the table property ``spark-barrier.write.native=true`` (Spark's writer, see
-``spark_barrier.iceberg.native_write``) and one without (pyiceberg's writer in
+``spark_barrier.iceberg.native_write``) and one with ``false`` (pyiceberg's writer in
 ``mapInArrow`` tasks): unpartitioned and partitioned by ``day(at)``, for batches of 500,
 100,000 and 1,000,000 rows (id, a string, a timestamp, a decimal), cached before each
 write so only the write is timed (footers read and files described included). The two
@@ -10,6 +10,7 @@ alternate, their order flipping every repetition; the first repetition is a warm
 medians and the paired ratio (Spark / Python workers, each against the run beside it).
 
     python -m bench.bench_writer [--out bench/results/writer.json] [--repetitions 6]
+                                 [--sizes 500,100000,1000000]
 
 Run it alone: no test suite or other Spark job beside it. local[2], tables in a
 temporary folder.
@@ -73,9 +74,8 @@ def table_pair(catalog: Any, layout: str) -> dict[str, Table]:
     for writer in ("spark", "python"):
         name = f"bench.{writer}_{layout.replace('(', '_').replace(')', '')}"
         table = ensure_table(catalog, name, SCHEMA, partition_by=LAYOUTS[layout])
-        if writer == "spark":
-            with table.transaction() as txn:
-                txn.set_properties({NATIVE_WRITER_PROPERTY: "true"})
+        with table.transaction() as txn:  # either way, whatever the batch's size
+            txn.set_properties({NATIVE_WRITER_PROPERTY: "true" if writer == "spark" else "false"})
         tables[writer] = table
     return tables
 
@@ -86,11 +86,13 @@ def timed_write(df: DataFrame, table: Table) -> float:
     return (time.perf_counter() - started) * 1000
 
 
-def measure(spark: SparkSession, catalog: Any, repetitions: int) -> list[dict[str, Any]]:
+def measure(
+    spark: SparkSession, catalog: Any, repetitions: int, sizes: list[int]
+) -> list[dict[str, Any]]:
     results = []
     for layout in LAYOUTS:
         tables = table_pair(catalog, layout)
-        for rows in SIZES:
+        for rows in sizes:
             df = batch(spark, rows)
             ms: dict[str, list[float]] = {"spark": [], "python": []}
             for rep in range(repetitions + 1):  # the first is a warm-up
@@ -125,6 +127,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="bench/results/writer.json")
     parser.add_argument("--repetitions", type=int, default=6, help="measured, after a warm-up")
+    parser.add_argument("--sizes", default=",".join(str(n) for n in SIZES), help="rows per batch")
     args = parser.parse_args()
     spark = local_spark_builder("bench-writer", quiet=True).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
@@ -133,7 +136,7 @@ def main() -> None:
     try:
         catalog = open_catalog(f"sqlite:///{root / 'catalog.db'}", str(root / "warehouse"))
         before = loadavg()
-        results = measure(spark, catalog, args.repetitions)
+        results = measure(spark, catalog, args.repetitions, [int(n) for n in args.sizes.split(",")])
         report = {
             "benchmark": "bench_writer: Spark's Parquet writer against pyiceberg's in Python workers",
             "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),

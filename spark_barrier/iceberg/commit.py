@@ -40,6 +40,10 @@ MODES = ("append", "upsert", "cdc")
 
 DEFAULT_COMMIT_ATTEMPTS = 5
 
+# The snapshot summary key of the rows a batch wrote (beside the stamp): the next batch's
+# expected size, by which its files' writer is chosen (see files.write_data_files).
+BATCH_ROWS_KEY = "spark-barrier.batch-rows"
+
 
 _BACKOFF_BASE_S = 0.1
 
@@ -117,11 +121,19 @@ def commit_batch(
         key_filter,
     ):
         with step("write"):
-            added = write_data_files(rows, folder, table, log_target=log_target)
+            # A stream's batches are alike in size: the previous one's is this one's guess.
+            added = write_data_files(
+                rows,
+                folder,
+                table,
+                log_target=log_target,
+                expected_rows=previous_batch_rows(table),
+            )
         crash_point("after_write", batch_id)  # fault-injection tests only; a no-op otherwise
         if changes is None and not added:
             delete_folder(folder, table.io)
             return None
+        stamp = {**stamp, BATCH_ROWS_KEY: str(sum(f.record_count for f in added))}
         if log_target is not None:  # the rows the log spilled are the snapshot's to expire
             stamp = {**stamp, **encode_log_files(log_target.claim_spilled())}
         attempt = _attempt(
@@ -145,6 +157,15 @@ def commit_batch(
     if snapshot is None:
         delete_folder(folder, table.io)  # changes that changed nothing: no snapshot
     return snapshot
+
+
+def previous_batch_rows(table: Table) -> int | None:
+    """The rows the batch of the table's current snapshot wrote, when a batch made it."""
+    snapshot = table.current_snapshot()
+    if snapshot is None or snapshot.summary is None:
+        return None
+    value = snapshot.summary.get(BATCH_ROWS_KEY)
+    return int(value) if value is not None and value.isdigit() else None
 
 
 def _attempt(

@@ -1,8 +1,9 @@
 """Data files: written by the executors, and cleaned up.
 
 Where Spark's own Parquet writer writes the table's files as Iceberg expects them
-(unpartitioned tables of primitive columns on a file system Spark's Hadoop opens: see
-`native_write`), it does. Otherwise each Spark task turns its rows into Arrow batches (`mapInArrow`), computes the
+(tables of primitive columns, unpartitioned or partitioned by transforms Spark computes
+as Iceberg does, on a file system Spark's Hadoop opens) and pays (a large batch, or a
+table that asks for it: see `native_write`), it does. Otherwise each Spark task turns its rows into Arrow batches (`mapInArrow`), computes the
 table's partition transforms and writes Parquet with pyiceberg's own writer
 (`_dataframe_to_data_files`: the transforms and partition values Iceberg readers
 expect; bucket is Iceberg's murmur3 through `pyiceberg-core`), through a FileIO
@@ -51,7 +52,12 @@ _MAX_CHUNK_BYTES = 128 * 1024 * 1024
 
 
 def write_data_files(
-    df: DataFrame, folder: str, table: Table, *, log_target: LogTarget | None = None
+    df: DataFrame,
+    folder: str,
+    table: Table,
+    *,
+    log_target: LogTarget | None = None,
+    expected_rows: int | None = None,
 ) -> list[DataFile]:
     """Write `df` as data files of `table` under the new `folder` (executors), and describe them.
 
@@ -62,9 +68,15 @@ def write_data_files(
     partition values. Returns one DataFile per written file; no file is empty, and no
     rows reach the driver. With `log_target`, each task appends its rows to the table's log
     store before writing them (so Python workers write: Spark's writer has no such hook).
+    `expected_rows`: the caller's estimate of the rows (None: unknown), by which the
+    writer is chosen (see :func:`~spark_barrier.iceberg.native_write.why_not_native`).
     """
     rows = df.select(*column_names(table))
-    reason = "the table has a log store" if log_target else why_not_native(rows, folder, table)
+    reason = (
+        "the table has a log store"
+        if log_target
+        else why_not_native(rows, folder, table, expected_rows)
+    )
     if reason is None:
         files = write_natively(rows, folder, table, *_file_system(folder, table.io))
     else:

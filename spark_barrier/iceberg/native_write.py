@@ -14,11 +14,23 @@ against the folder's. The transforms done so are the order-preserving ones on nu
 dates and timestamps with a time zone: identity of int, long and date, truncate of int
 and long, year, month, day and hour.
 
-It serves the tables that ask for it (the table property `spark-barrier.write.native`
-set to `true`: Spark's file commit protocol costs more than the Python round trip saves
-on small batches, see `bench/bench_writer.py`) and whose files Spark writes exactly as
-Iceberg expects them: every
-column optional (Spark does not promise a non-null column), of a primitive type whose
+Which tables it serves is the table property `spark-barrier.write.native`:
+
+- `auto` (the default, also when unset): a batch expected to be large, of a table in a
+  local folder. Spark's file commit protocol costs more than the Python round trip
+  saves on small batches and less on large ones (`bench/bench_writer.py`), so the
+  batch's expected rows (the caller's estimate: a sink's previous batch, the rows of
+  the files an upsert rewrites) must reach `spark-barrier.write.native.min-rows`
+  (default 200,000 for an unpartitioned table, 1,000,000 for a partitioned one, where
+  Spark also sorts by partition); an unknown size is taken as small. Other file
+  systems need `true`: there, Spark's Hadoop writes with its own settings, which the
+  table's FileIO (which lists the written files) may not share.
+- `true`: every batch; `false`: none.
+
+Either way, only tables whose files Spark writes exactly as Iceberg expects them: every
+required column one Spark's plan knows holds no null (so that Spark writes it REQUIRED;
+a CDC table's keys are required, and a feed read from Kafka or files has nullable
+columns, so its batches go to the Python workers), every column of a primitive type whose
 Parquet encoding is the one the Iceberg spec names (decimals as INT32, INT64 or fixed
 by precision, as Spark writes them; nested types need field ids Spark cannot set on
 list elements and map entries), timestamps as INT64 micros, partitions as above, a
@@ -33,6 +45,7 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 from pyiceberg.io.pyarrow import MetricModeTypes, compute_statistics_plan, parquet_file_to_data_file
@@ -62,6 +75,7 @@ from pyiceberg.types import (
     TimestampType,
     TimestamptzType,
 )
+from pyiceberg.utils.properties import property_as_int
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
@@ -71,10 +85,20 @@ from spark_barrier.spark_session import PARQUET_TIMESTAMP_TYPE, PARQUET_TIMESTAM
 
 log = logging.getLogger(__name__)
 
-# The table property that turns Spark's writer on for a table. Off by default: Spark's
-# file commit protocol costs more than it saves on small batches (measured by
-# bench/bench_writer.py: slower at 500 and 100,000 rows, faster at 1,000,000).
+# The table property that chooses Spark's writer for a table: auto (the default), true
+# or false. Spark's file commit protocol costs more than it saves on small batches
+# (measured by bench/bench_writer.py: slower at 500 and 100,000 rows, faster at
+# 1,000,000), so `auto` asks for a large batch, of at least the min-rows property.
 NATIVE_WRITER_PROPERTY = "spark-barrier.write.native"
+NATIVE_MIN_ROWS_PROPERTY = "spark-barrier.write.native.min-rows"
+_MODES = ("auto", "true", "false")
+# Where Spark's writer pays, by bench_writer (2 cores, local[2]): unpartitioned 1.09 of
+# the Python workers' time at 100,000 rows and 0.67 at 1,000,000; by day 2.01 and 0.88.
+DEFAULT_MIN_ROWS = 200_000
+DEFAULT_MIN_ROWS_PARTITIONED = 1_000_000
+# File systems where `auto` may choose Spark's writer: the ones Spark's Hadoop and the
+# table's FileIO both open by the path alone, with no settings of their own.
+_AUTO_SCHEMES = ("file",)
 # Hadoop settings of the write: the v2 commit algorithm moves each task's files once (v1
 # moves them again at job commit), and no _SUCCESS marker (the snapshot is the marker).
 _COMMITTER_OPTIONS = {
@@ -105,13 +129,22 @@ _MICROS_PER_HOUR = 3_600_000_000
 _EPOCH_YEAR = 1970
 
 
-def why_not_native(df: DataFrame, folder: str, table: Table) -> str | None:
-    """Why Spark's writer does not write `table`'s files into `folder`, or None if it does."""
-    if table.properties.get(NATIVE_WRITER_PROPERTY, "false").lower() != "true":
-        return f"the table property {NATIVE_WRITER_PROPERTY} is not true"
+def why_not_native(
+    df: DataFrame, folder: str, table: Table, expected_rows: int | None = None
+) -> str | None:
+    """Why Spark's writer does not write `table`'s files into `folder`, or None if it
+    does. `expected_rows`: the caller's estimate of the batch's rows (None: unknown),
+    which decides under the table property's `auto`."""
+    mode = table.properties.get(NATIVE_WRITER_PROPERTY, "auto").strip().lower()
+    if mode not in _MODES:
+        return f"the table property {NATIVE_WRITER_PROPERTY} is {mode!r}, not auto, true or false"
+    if mode == "false":
+        return f"the table property {NATIVE_WRITER_PROPERTY} is false"
+    if mode == "auto":
+        small = _small(folder, table, expected_rows)
+        if small is not None:
+            return small
     fields = table.schema().fields
-    if any(f.required for f in fields):
-        return "the table has required columns"
     if any(not isinstance(f.field_type, _NATIVE_TYPES) for f in fields):
         return "the table has fixed, uuid, time or nested columns"
     if table.properties.get(TableProperties.WRITE_FILE_FORMAT, "parquet").lower() != "parquet":
@@ -126,9 +159,44 @@ def why_not_native(df: DataFrame, folder: str, table: Table) -> str | None:
     timestamp_type = spark.conf.get(PARQUET_TIMESTAMP_TYPE_KEY, "INT96")
     if has_timestamps and timestamp_type != PARQUET_TIMESTAMP_TYPE:
         return f"{PARQUET_TIMESTAMP_TYPE_KEY} is {timestamp_type}, not {PARQUET_TIMESTAMP_TYPE}"
+    if any(f.required for f in fields):
+        # Spark writes a column REQUIRED in Parquet when its plan promises no null (a
+        # non-null source column), else OPTIONAL, which a required Iceberg column does
+        # not take. (A filter on IS NOT NULL does not make the plan's column non-null.)
+        typed = df.select(*_typed_columns(df, table.schema())).schema.fields
+        maybe_null = [
+            f.name for f, t in zip(fields, typed, strict=True) if f.required and t.nullable
+        ]
+        if maybe_null:
+            return f"required columns {maybe_null} are not known to Spark to hold no null"
     if not spark_opens(spark, folder):
         return "Spark's Hadoop has no FileSystem for the warehouse"
     return None
+
+
+def _small(folder: str, table: Table, expected_rows: int | None) -> str | None:
+    """Why `auto` leaves the batch to the Python workers, or None."""
+    scheme = urlparse(folder).scheme or "file"
+    if scheme not in _AUTO_SCHEMES:
+        return (
+            f"the table is on {scheme}://, where Spark's writer is used only when the table "
+            f"property {NATIVE_WRITER_PROPERTY} is true"
+        )
+    least = min_rows(table)
+    if expected_rows is None:
+        return "the batch's size is not known"
+    if expected_rows < least:
+        return (
+            f"the batch is small ({expected_rows:,} rows expected, Spark's writer from {least:,})"
+        )
+    return None
+
+
+def min_rows(table: Table) -> int:
+    """The expected rows from which `auto` has Spark write the table's batches."""
+    default = DEFAULT_MIN_ROWS_PARTITIONED if table.spec().fields else DEFAULT_MIN_ROWS
+    value = property_as_int(table.properties, NATIVE_MIN_ROWS_PROPERTY, default)
+    return default if value is None or value < 0 else value
 
 
 def write_natively(
@@ -138,15 +206,10 @@ def write_natively(
     Spark's Parquet writer, and describe the written files; empty files are removed.
     `fs` and `fs_path` name `folder` for pyarrow (the table's FileIO file system).
     Call it only when :func:`why_not_native` says None."""
-    schema = table.schema()
-    spark_fields = iceberg_schema_to_spark(schema).fields
-    columns = [
-        df[i].cast(field.dataType).alias(field.name, metadata={FIELD_ID_KEY: iceberg.field_id})
-        for i, (field, iceberg) in enumerate(zip(spark_fields, schema.fields, strict=True))
-    ]
     partitions = _partition_values(table)
     assert not isinstance(partitions, str), partitions
-    typed = df.select(*columns)  # partition transforms read the columns as the table types them
+    # Partition transforms read the columns as the table types them.
+    typed = df.select(*_typed_columns(df, table.schema()))
     hidden = [value(typed).alias(_HIDDEN.format(i)) for i, value in enumerate(partitions)]
     codec = table.properties.get(TableProperties.PARQUET_COMPRESSION, "zstd")
     writer = typed.select("*", *hidden).write.mode("errorifexists")
@@ -154,6 +217,15 @@ def write_natively(
         writer = writer.partitionBy(*(_HIDDEN.format(i) for i in range(len(hidden))))
     writer.options(**_COMMITTER_OPTIONS).option("compression", codec).parquet(folder)
     return _describe(folder, table, fs, fs_path)
+
+
+def _typed_columns(df: DataFrame, schema: Schema) -> list[Column]:
+    """The batch's columns (by position) cast to the table's types, with their field ids."""
+    spark_fields = iceberg_schema_to_spark(schema).fields
+    return [
+        df[i].cast(field.dataType).alias(field.name, metadata={FIELD_ID_KEY: iceberg.field_id})
+        for i, (field, iceberg) in enumerate(zip(spark_fields, schema.fields, strict=True))
+    ]
 
 
 # --------------------------------------------------------------------------- partitions

@@ -163,7 +163,10 @@ def replace_keys_attempt(
                 kept = read_files(spark, table, [f.file_path for f in affected]).join(
                     batch_keys, _key_match(keys), "left_anti"
                 )
-                rewritten = write_data_files(kept, rewrite_folder, table)
+                # At most the affected files' rows: the writer is chosen by them.
+                rewritten = write_data_files(
+                    kept, rewrite_folder, table, expected_rows=sum(f.record_count for f in affected)
+                )
         with step("commit.iceberg"):
             return commit_files(table, stamp, added + rewritten, affected)
     except NOT_LANDED:
