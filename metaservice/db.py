@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 log = logging.getLogger("metaservice.db")
@@ -39,6 +39,14 @@ _THREADS = 40
 # under a concurrent insert (a rerun then finds the row and answers idempotently).
 _RETRY_SQLSTATES = {"40001", "40P01", "23505"}
 _MAX_ATTEMPTS = 8
+
+# A pooled PostgreSQL connection idle for longer than this is pinged (``SELECT 1``)
+# before it is handed out. SQLAlchemy's ``pool_pre_ping`` pings on every checkout: a
+# round trip per transaction on the hot requests, for connections that were in use a
+# few milliseconds before. A connection that died within this window (the database
+# restarted) fails its request with 503 ``database_unavailable``, and the pool then
+# replaces every connection older than the failure.
+PING_AFTER_IDLE_S = 1.0
 
 
 def normalise_url(url: str) -> str:
@@ -63,8 +71,32 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         return engine
     kwargs.setdefault("pool_size", 20)
     kwargs.setdefault("max_overflow", 20)
-    kwargs.setdefault("pool_pre_ping", True)
-    return create_engine(url, **kwargs)
+    ping_after_idle_s = kwargs.pop("ping_after_idle_s", PING_AFTER_IDLE_S)
+    engine = create_engine(url, **kwargs)
+    if not kwargs.get("pool_pre_ping"):
+        _ping_idle_connections(engine, ping_after_idle_s)
+    return engine
+
+
+def _ping_idle_connections(engine: Engine, idle_s: float) -> None:
+    """Ping a pooled connection on checkout only when it sat idle in the pool for more
+    than ``idle_s`` seconds (see :data:`PING_AFTER_IDLE_S`)."""
+
+    @event.listens_for(engine, "checkin")
+    def _checked_in(_dbapi_conn: Any, record: Any) -> None:
+        if record is not None:
+            record.info["checked_in"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _checked_out(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.get("checked_in")
+        if since is None or time.monotonic() - since <= idle_s:
+            return  # a new connection, or one in use moments ago
+        try:
+            engine.dialect.do_ping(dbapi_conn)
+        except engine.dialect.loaded_dbapi.Error as exc:
+            # The pool replaces the connection and checks out again.
+            raise DisconnectionError(f"pooled connection failed its ping: {exc}") from exc
 
 
 def _configure_sqlite(engine: Engine) -> None:
