@@ -33,12 +33,12 @@ from metaservice.barriers.service import (
     batch_view,
     check_query_of,
     lock_job_named,
-    open_source_batch,
 )
 from metaservice.context import Context
 from metaservice.contract import on_grid, slot_of
 from metaservice.errors import Conflict, Invalid, ServiceError
 from metaservice.models import SOURCE, Batch, Job
+from metaservice.topology import repository as topo
 
 log = logging.getLogger("metaservice.offline")
 
@@ -102,16 +102,21 @@ def claim_many(
     query_id: str | None = None,
 ) -> list[BatchBarrier]:
     """Record claims of one job in order, all or nothing. The job is locked and its
-    batches read once per request, so a backlog drains at many claims per query."""
+    batches read once per request, and the batches it opens are written together (one
+    output count, one raise of the clock, one INSERT), so a backlog drains at many
+    claims per statement."""
     job = _source_job(session, job_name)
     known = repo.batches_by_id(session, job.id, [c.batch_id for c in claims])
     newest = repo.newest_batch(session, job.id)
     batches = []
+    opened: list[Batch] = []  # new batches, not in the session, written by _open_all
     for index, item in enumerate(claims):
         try:
             query = item.query_id or query_id
             check_query_of(job, item.batch_id, query, known.get(item.batch_id) or newest)
-            batch = _claim_one(session, ctx, job, item, known.get(item.batch_id), newest, query)
+            batch = _claim_one(
+                session, ctx, job, item, known.get(item.batch_id), newest, query, opened
+            )
             if batch.query_id is None:
                 batch.query_id = query
         except ServiceError as exc:
@@ -122,9 +127,25 @@ def claim_many(
         if newest is None or batch.batch_id > newest.batch_id:
             newest = batch
         batches.append(batch)
+    _open_all(session, ctx, job, opened)
     job.last_seen_ms = ctx.now_ms()
     session.flush()
     return [batch_view(session, job, batch) for batch in batches]
+
+
+def _open_all(session: Session, ctx: Context, job: Job, opened: list[Batch]) -> None:
+    """Write the batches a request's claims opened, as :func:`open_source_batch` does one
+    by one: each holds the job's frontier below it, counted on the job's row."""
+    if not opened:
+        return
+    # A claim ahead of the service's clock moves no other job's barriers.
+    repo.raise_last_issued(session, min(max(b.barrier for b in opened), ctx.now_slot()))
+    outputs = topo.count_outputs(session, job.id)
+    for batch in opened:
+        batch.outputs = outputs
+    repo.insert_batches(session, opened)
+    job.open_batches += len(opened)
+    opened.clear()
 
 
 def _claim_one(
@@ -135,6 +156,7 @@ def _claim_one(
     batch: Batch | None,
     newest: Batch | None,
     query_id: str | None,
+    opened: list[Batch],
 ) -> Batch:
     if batch is not None and batch.barrier == item.barrier:
         return batch  # delivered before
@@ -148,7 +170,18 @@ def _claim_one(
         )
     if batch is None:
         _check_not_behind(job, newest, item)
-        return open_source_batch(session, ctx, job, item.batch_id, item.barrier, query_id)
+        new = Batch(
+            job_id=job.id,
+            batch_id=item.batch_id,
+            barrier=item.barrier,
+            committed=False,
+            abandoned=False,
+            advanced=False,
+            created_ms=ctx.now_ms(),
+            query_id=query_id,
+        )
+        opened.append(new)
+        return new
     if batch.committed:
         raise Conflict(
             f"batch {item.batch_id} of job '{job.name}' committed at barrier {batch.barrier}, "
@@ -158,12 +191,17 @@ def _claim_one(
         )
     # The job asked, the answer was lost, and it went on offline: its claim wins.
     # Safe: the frontier stayed below the floor, which the claim is not below.
-    _check_not_behind(job, repo.previous_batch(session, job.id, item.batch_id), item)
+    previous = repo.previous_batch(session, job.id, item.batch_id)
+    # Batches this request opened are not written yet (see _open_all).
+    earlier = [b for b in opened if b.batch_id < item.batch_id]
+    if earlier:
+        previous = max([*earlier, *([previous] if previous else [])], key=lambda b: b.batch_id)
+    _check_not_behind(job, previous, item)
     log.info(
         "job %s batch %d: claimed barrier %d replaces %d",
         job.name, item.batch_id, item.barrier, batch.barrier,
     )  # fmt: skip
-    batch.barrier = item.barrier
+    batch.barrier = item.barrier  # a batch in ``opened`` is written with it
     repo.raise_last_issued(session, min(item.barrier, ctx.now_slot()))
     return batch
 

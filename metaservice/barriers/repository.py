@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
 from sqlalchemy import (
@@ -10,20 +11,27 @@ from sqlalchemy import (
     ColumnElement,
     Integer,
     ScalarSelect,
+    String,
+    and_,
     bindparam,
     case,
     delete,
     func,
     insert,
     inspect,
+    literal,
     or_,
     select,
     tuple_,
+    union_all,
     update,
 )
 from sqlalchemy import Table as SqlTable
+from sqlalchemy import cast as sql_cast
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session, aliased
 from sqlalchemy.orm.attributes import set_committed_value
+from sqlalchemy.sql.selectable import TableValuedAlias
 
 from metaservice.errors import NotFound
 from metaservice.models import SOURCE, Batch, BatchInput, BatchPlan, ClockState, Commit, Job, Table
@@ -66,16 +74,6 @@ _BATCH_AND_NEWEST = select(Batch).where(
         .scalar_subquery(),
     ),
 )
-_BATCHES_BY_KEY = select(Batch).where(
-    tuple_(Batch.job_id, Batch.batch_id).in_(bindparam("keys", expanding=True))
-)
-_OF_BATCHES = tuple_(Commit.job_id, Commit.batch_id).in_(bindparam("batches", expanding=True))
-_OF_SNAPSHOTS = tuple_(Commit.table_id, Commit.snapshot_id).in_(
-    bindparam("snapshots", expanding=True)
-)
-_COMMITS_OF_BATCHES = select(Commit).where(_OF_BATCHES)
-_COMMITS_OF_SNAPSHOTS = select(Commit).where(_OF_SNAPSHOTS)
-_COMMITS_OF_BATCHES_OR_SNAPSHOTS = select(Commit).where(or_(_OF_BATCHES, _OF_SNAPSHOTS))
 _OLDEST_OPEN = (
     select(func.min(Batch.barrier)).where(Batch.job_id == Job.id, _OPEN).correlate(Job)
 ).scalar_subquery()
@@ -176,6 +174,15 @@ def insert_batch(session: Session, batch: Batch) -> None:
     session.connection().execute(_INSERT_BATCH, values)
 
 
+def insert_batches(session: Session, batches: Sequence[Batch]) -> None:
+    """:func:`insert_batch` for several batches, in one statement."""
+    if len(batches) == 1:
+        insert_batch(session, batches[0])
+    elif batches:
+        rows = [{c.key: getattr(b, c.key) for c in _BATCH_COLUMNS} for b in batches]
+        session.connection().execute(_INSERT_BATCH, rows)
+
+
 def insert_open_batch(session: Session, job: Job, batch: Batch, now_ms: int) -> None:
     """:func:`insert_batch` for a new open batch of the locked job, counted on the job's
     row by a second plain statement; the job's row in the session takes the values
@@ -206,6 +213,7 @@ def touch_job_id(session: Session, job_id: int, now_ms: int) -> None:
 _INSERT_COMMITS = insert(_table_of(Commit))
 _COMMIT_COLUMNS = ("job_id", "batch_id", "table_id", "barrier", "snapshot_id", "created_ms")
 _BATCHES = _table_of(Batch)
+_COMMITS = _table_of(Commit)
 _BATCH_COMMITTED = (
     update(_BATCHES)
     .where(_BATCHES.c.id == bindparam("row", type_=Integer))
@@ -227,32 +235,237 @@ _JOB_PROGRESS = (
 )
 
 
+# A report request's rows, read and written as plain rows rather than ORM objects: a
+# request of 500 reports spent most of its time building, tracking and flushing them.
+@dataclass(slots=True)
+class BatchRow:
+    """A batch as a report request reads it; ``committed``/``committed_ms`` change in
+    memory when the request completes it (written by :func:`write_reports`)."""
+
+    id: int
+    job_id: int
+    batch_id: int
+    barrier: int
+    start_barrier: int | None
+    committed: bool
+    abandoned: bool
+    outputs: int | None
+    committed_ms: int | None = None
+
+
+class CommitRow(NamedTuple):
+    job_id: int
+    batch_id: int
+    table_id: int
+    barrier: int
+    snapshot_id: int | None
+    created_ms: int
+
+
+_BATCH_ROW = [
+    _BATCHES.c[k]
+    for k in (
+        "id",
+        "job_id",
+        "batch_id",
+        "barrier",
+        "start_barrier",
+        "committed",
+        "abandoned",
+        "outputs",
+    )
+]
+_COMMIT_ROW = [_COMMITS.c[k] for k in _COMMIT_COLUMNS]
+
+
+def _unnest(**arrays: Any) -> TableValuedAlias:
+    """PostgreSQL: ``unnest(CAST(:a AS T[]), ...) AS name(a, ...)``, rows zipped from one
+    array parameter per column (an array literal, see :func:`_columns`). A statement
+    with a fixed text whatever the number of rows: no expanding IN rendered per call,
+    and psycopg prepares it once."""
+    return (
+        func.unnest(
+            *(sql_cast(bindparam(name, type_=String), ARRAY(t)) for name, t in arrays.items())
+        )
+        .table_valued(*arrays)
+        .render_derived()
+    )
+
+
+_PG_KEYS = _unnest(job_id=Integer, batch_id=BigInteger)
+_PG_BATCH_ROWS = select(*_BATCH_ROW).join_from(
+    _BATCHES,
+    _PG_KEYS,
+    and_(_BATCHES.c.job_id == _PG_KEYS.c.job_id, _BATCHES.c.batch_id == _PG_KEYS.c.batch_id),
+)
+_SQLITE_BATCH_ROWS = select(*_BATCH_ROW).where(
+    tuple_(_BATCHES.c.job_id, _BATCHES.c.batch_id).in_(bindparam("keys", expanding=True))
+)
+_PG_SNAPSHOT_KEYS = _unnest(s_table_id=Integer, s_snapshot_id=BigInteger)
+# Tagged by the half that found them (0: a commit of the batches, 1: of the snapshots):
+# a commit may be both.
+_PG_COMMIT_ROWS = union_all(
+    select(literal(0), *_COMMIT_ROW).join_from(
+        _COMMITS,
+        _PG_KEYS,
+        and_(_COMMITS.c.job_id == _PG_KEYS.c.job_id, _COMMITS.c.batch_id == _PG_KEYS.c.batch_id),
+    ),
+    select(literal(1), *_COMMIT_ROW).join_from(
+        _COMMITS,
+        _PG_SNAPSHOT_KEYS,
+        and_(
+            _COMMITS.c.table_id == _PG_SNAPSHOT_KEYS.c.s_table_id,
+            _COMMITS.c.snapshot_id == _PG_SNAPSHOT_KEYS.c.s_snapshot_id,
+        ),
+    ),
+)
+_SQLITE_COMMIT_ROWS = select(*_COMMIT_ROW).where(
+    or_(
+        tuple_(_COMMITS.c.job_id, _COMMITS.c.batch_id).in_(bindparam("batches", expanding=True)),
+        tuple_(_COMMITS.c.table_id, _COMMITS.c.snapshot_id).in_(
+            bindparam("snapshots", expanding=True)
+        ),
+    )
+)
+_PG_NEW_COMMITS = _unnest(
+    n_job_id=Integer,
+    n_batch_id=BigInteger,
+    n_table_id=Integer,
+    n_barrier=BigInteger,
+    n_snapshot_id=BigInteger,
+    n_created_ms=BigInteger,
+)
+_PG_INSERT_COMMITS = insert(_COMMITS).from_select(
+    list(_COMMIT_COLUMNS), select(*(_PG_NEW_COMMITS.c[f"n_{k}"] for k in _COMMIT_COLUMNS))
+)
+_PG_PROGRESS = _unnest(
+    p_id=Integer,
+    p_frontier=BigInteger,
+    p_open_batches=Integer,
+    p_pending_target=BigInteger,
+    p_last_barrier=BigInteger,
+    p_last_batch_id=BigInteger,
+    p_last_seen_ms=BigInteger,
+)
+_PG_JOBS_PROGRESS = (
+    update(_JOBS)
+    .where(_JOBS.c.id == _PG_PROGRESS.c.p_id)
+    .values({name: _PG_PROGRESS.c[f"p_{name}"] for name in _PROGRESS_COLUMNS})
+)
+_PG_DONE = _unnest(done_id=Integer, done_ms=BigInteger)
+_PG_BATCHES_COMMITTED = (
+    update(_BATCHES)
+    .where(_BATCHES.c.id == _PG_DONE.c.done_id)
+    .values(committed=True, committed_ms=_PG_DONE.c.done_ms)
+)
+
+
+def _postgres(session: Session) -> bool:
+    return session.get_bind().dialect.name == "postgresql"
+
+
+def _columns(rows: Sequence[tuple[int | None, ...]], names: Sequence[str]) -> dict[str, str]:
+    """Integer rows as one PostgreSQL array literal per column (``{1,2,NULL}``), the
+    parameters of :func:`_unnest`: psycopg adapts a list element by element in Python,
+    several times the cost of this join for a request of 500 reports."""
+    return {
+        name: "{" + ",".join(_array_item(row[i]) for row in rows) + "}"
+        for i, name in enumerate(names)
+    }
+
+
+def _array_item(value: int | None) -> str:
+    return "NULL" if value is None else str(int(value))  # int(): only numbers in the text
+
+
+def report_rows(
+    session: Session, batches: Iterable[tuple[int, int]], snapshots: Iterable[tuple[int, int]]
+) -> tuple[dict[tuple[int, int], BatchRow], list[CommitRow], dict[tuple[int, int], CommitRow]]:
+    """What a report request reads about its batches, in two statements whatever their
+    number: the batches given by (job id, batch id), every commit of them, and the
+    commits of the snapshots given by (table id, snapshot id), by that key."""
+    keys, snaps = sorted(set(batches)), sorted(set(snapshots))
+    if not keys and not snaps:
+        return {}, [], {}
+    connection = session.connection()
+    batch_rows: Sequence[Any] = []
+    if _postgres(session):
+        key_params = _columns(keys, ("job_id", "batch_id"))
+        if keys:
+            batch_rows = connection.execute(_PG_BATCH_ROWS, key_params).all()
+        params = {**key_params, **_columns(snaps, ("s_table_id", "s_snapshot_id"))}
+        tagged = [
+            (row[0], CommitRow(*row[1:])) for row in connection.execute(_PG_COMMIT_ROWS, params)
+        ]
+    else:
+        if keys:
+            batch_rows = connection.execute(_SQLITE_BATCH_ROWS, {"keys": keys}).all()
+        wanted_keys, wanted_snaps = set(keys), set(snaps)
+        tagged = []
+        for row in connection.execute(_SQLITE_COMMIT_ROWS, {"batches": keys, "snapshots": snaps}):
+            commit = CommitRow(*row)
+            if (commit.job_id, commit.batch_id) in wanted_keys:
+                tagged.append((0, commit))
+            if (commit.table_id, commit.snapshot_id) in wanted_snaps:
+                tagged.append((1, commit))
+    found = {(r[1], r[2]): BatchRow(*r) for r in batch_rows}
+    of_batches = [c for tag, c in tagged if tag == 0]
+    by_snapshot = {
+        (c.table_id, c.snapshot_id): c
+        for tag, c in tagged
+        if tag == 1 and c.snapshot_id is not None
+    }
+    for b in found.values():
+        b.committed, b.abandoned = bool(b.committed), bool(b.abandoned)  # SQLite: 0 / 1
+    return found, of_batches, by_snapshot
+
+
 def write_reports(
-    session: Session, commits: Sequence[Commit], completed: Sequence[Batch], jobs: Sequence[Job]
+    session: Session,
+    commits: Sequence[CommitRow],
+    completed: Sequence[BatchRow],
+    jobs: Sequence[Job],
 ) -> None:
-    """Write what a report request recorded: new commits (kept out of the session), the
-    batches they completed and their jobs' progress (taken out of the session once
-    written), as one statement each rather than through the unit of work (about half
-    a report request's SQLAlchemy time)."""
-    rows: list[dict[str, Any]] = [{k: getattr(c, k) for k in _COMMIT_COLUMNS} for c in commits]
-    done = [{"row": b.id, "when": b.committed_ms} for b in completed]
-    progress = [
-        {"row": j.id, **{f"new_{k}": getattr(j, k) for k in _PROGRESS_COLUMNS}} for j in jobs
-    ]
+    """Write what a report request recorded: new commits, the batches they completed
+    and their jobs' progress (the jobs taken out of the session once written), as one
+    statement each rather than through the unit of work; on PostgreSQL each is one
+    statement of array parameters whatever the number of rows (psycopg's executemany
+    still sends a statement per row)."""
     # On the session's connection: session.execute would first flush the changed rows
     # through the unit of work, the work these statements replace.
     connection = session.connection()
-    written = [(_INSERT_COMMITS, rows), (_BATCH_COMMITTED, done), (_JOB_PROGRESS, progress)]
+    done = [(b.id, b.committed_ms) for b in completed]
+    progress = [(j.id, *(getattr(j, k) for k in _PROGRESS_COLUMNS)) for j in jobs]
+    written: list[tuple[Any, list[dict[str, Any]]]] = []
+    if _postgres(session):
+        if commits:
+            new = _columns(commits, [f"n_{k}" for k in _COMMIT_COLUMNS])
+            connection.execute(_PG_INSERT_COMMITS, new)
+        if done:
+            written.append((_PG_BATCHES_COMMITTED, [_columns(done, ("done_id", "done_ms"))]))
+        if progress:
+            names = ["p_id", *(f"p_{k}" for k in _PROGRESS_COLUMNS)]
+            written.append((_PG_JOBS_PROGRESS, [_columns(progress, names)]))
+    else:
+        rows = [c._asdict() for c in commits]
+        if rows:
+            connection.execute(_INSERT_COMMITS, rows[0] if len(rows) == 1 else rows)
+        written.append((_BATCH_COMMITTED, [{"row": i, "when": ms} for i, ms in done]))
+        names = ["row", *(f"new_{k}" for k in _PROGRESS_COLUMNS)]
+        written.append((_JOB_PROGRESS, [dict(zip(names, p, strict=True)) for p in progress]))
     if session.dispatch.after_flush:
         # Something watches flushes (the OpenLineage emitter: a batch becoming committed
         # is an event), so the unit of work writes the batches and jobs, and it sees them.
-        written = written[:1]
+        for row in completed:
+            batch = session.get(Batch, row.id)
+            assert batch is not None  # read and locked (its job's row) by this request
+            batch.committed, batch.committed_ms = True, row.committed_ms
+        return
     for statement, params in written:
         if params:
             connection.execute(statement, params[0] if len(params) == 1 else params)
-    if len(written) > 1:
-        for obj in (*completed, *jobs):
-            session.expunge(obj)  # written above: nothing left for the session's flush
+    for job in jobs:
+        session.expunge(job)  # written above: nothing left for the session's flush
 
 
 def raise_last_issued(session: Session, barrier: int) -> None:
@@ -276,17 +489,6 @@ def batches_by_id(session: Session, job_id: int, batch_ids: Sequence[int]) -> di
         select(Batch).where(Batch.job_id == job_id, Batch.batch_id.in_(set(batch_ids)))
     ).scalars()
     return {batch.batch_id: batch for batch in rows}
-
-
-def batches_by_key(
-    session: Session, keys: Iterable[tuple[int, int]]
-) -> dict[tuple[int, int], Batch]:
-    """Batches by (job id, batch id), in one statement."""
-    wanted = set(keys)
-    if not wanted:
-        return {}
-    rows = session.execute(_BATCHES_BY_KEY, {"keys": sorted(wanted)}).scalars()
-    return {(batch.job_id, batch.batch_id): batch for batch in rows}
 
 
 def newest_batch(session: Session, job_id: int) -> Batch | None:
@@ -526,30 +728,6 @@ def commit_with_snapshot(session: Session, table_id: int, snapshot_id: int) -> C
     return session.execute(
         select(Commit).where(Commit.table_id == table_id, Commit.snapshot_id == snapshot_id)
     ).scalar_one_or_none()
-
-
-def commits_of_batches_or_snapshots(
-    session: Session, batches: Iterable[tuple[int, int]], snapshots: Iterable[tuple[int, int]]
-) -> tuple[list[Commit], dict[tuple[int, int], Commit]]:
-    """Every commit of the batches given by (job id, batch id), and the commits of the
-    snapshots given by (table id, snapshot id), in one statement."""
-    of_batches, of_snapshots = set(batches), set(snapshots)
-    if of_batches and of_snapshots:
-        statement = _COMMITS_OF_BATCHES_OR_SNAPSHOTS
-    elif of_batches or of_snapshots:
-        statement = _COMMITS_OF_BATCHES if of_batches else _COMMITS_OF_SNAPSHOTS
-    else:
-        return [], {}
-    params = {"batches": sorted(of_batches), "snapshots": sorted(of_snapshots)}
-    rows = list(session.execute(statement, params).scalars())
-    return (
-        [c for c in rows if (c.job_id, c.batch_id) in of_batches],
-        {
-            (c.table_id, c.snapshot_id): c
-            for c in rows
-            if c.snapshot_id is not None and (c.table_id, c.snapshot_id) in of_snapshots
-        },
-    )
 
 
 def count_batch_commits(session: Session, job_id: int, batch_id: int) -> int:

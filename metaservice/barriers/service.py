@@ -26,7 +26,7 @@ from metaservice.barriers.schemas import (
 )
 from metaservice.context import Context
 from metaservice.errors import Conflict, Invalid, NotFound
-from metaservice.models import DERIVED, SOURCE, Batch, BatchPlan, Commit, Job, Table
+from metaservice.models import DERIVED, SOURCE, Batch, BatchPlan, Job, Table
 from metaservice.revisions import repository as revision_repo
 from metaservice.topology import repository as topo
 from metaservice.topology.graph import job_node
@@ -767,7 +767,9 @@ class _ReportScope:
     duplicate or a conflict of an earlier one in the same request).
 
     Jobs are locked in name order, so two requests touching the same jobs never
-    deadlock. The statements do not grow with the number of reports.
+    deadlock. The statements do not grow with the number of reports. Batches and
+    commits are plain rows (``repo.BatchRow``, ``repo.CommitRow``), not ORM objects,
+    and a job's row moves once per request however many of its batches complete.
     """
 
     def __init__(
@@ -790,26 +792,24 @@ class _ReportScope:
                 field = f"{field_prefix}{first[name]}.job" if field_prefix else "job"
                 raise topo.unknown_job(name, field)
         keys = {(self.jobs[r.job].id, r.batch_id) for r in reports}
-        self.batches = repo.batches_by_key(session, keys)
-        self.commits: dict[tuple[int, int, int], Commit] = {}
-        self.counts: dict[tuple[int, int], int] = {}
-        of_batches, self.by_snapshot = repo.commits_of_batches_or_snapshots(
+        self.batches, of_batches, self.by_snapshot = repo.report_rows(
             session,
-            self.batches,
+            keys,
             {
                 (self.tables[r.table].id, r.snapshot_id)
                 for r in reports
                 if r.snapshot_id is not None and r.table in self.tables
             },
         )
+        self.commits: dict[tuple[int, int, int], repo.CommitRow] = {}
+        self.counts: dict[tuple[int, int], int] = {}
         for c in of_batches:
             self.commits[(c.job_id, c.batch_id, c.table_id)] = c
             self.counts[(c.job_id, c.batch_id)] = self.counts.get((c.job_id, c.batch_id), 0) + 1
         self._outputs: dict[int, int] | None = None
         self._newest: int | None = None
-        self.added: list[Commit] = []
-        self.completed: list[Batch] = []
-        self.plans_upto: dict[int, int] = {}  # derived job id -> plans to drop
+        self.added: list[repo.CommitRow] = []
+        self.completed: dict[int, list[repo.BatchRow]] = {}  # by job id
 
     def table(self, name: str, field: str) -> Table:
         if name not in self.tables:
@@ -829,7 +829,7 @@ class _ReportScope:
             self._newest = max(self.ctx.now_slot(), repo.clock(self.session).last_issued)
         return self._newest
 
-    def add(self, commit: Commit) -> None:
+    def add(self, commit: repo.CommitRow) -> None:
         self.added.append(commit)
         self.commits[(commit.job_id, commit.batch_id, commit.table_id)] = commit
         if commit.snapshot_id is not None:
@@ -837,18 +837,23 @@ class _ReportScope:
         key = (commit.job_id, commit.batch_id)
         self.counts[key] = self.counts.get(key, 0) + 1
 
-    def complete(self, job: Job, batch: Batch) -> None:
-        """Mark the batch committed (:func:`mark_complete`), written by :meth:`flush`."""
-        drop = mark_complete(self.ctx, job, batch)
-        self.completed.append(batch)
-        if drop is not None:
-            self.plans_upto[job.id] = max(drop, self.plans_upto.get(job.id, drop))
+    def complete(self, batch: repo.BatchRow) -> None:
+        """Mark the batch committed; its job's row moves once per request, in :meth:`flush`."""
+        batch.committed = True
+        batch.committed_ms = self.ctx.now_ms()
+        self.completed.setdefault(batch.job_id, []).append(batch)
 
     def flush(self) -> None:
         """Write what the request recorded: new commits, then batches, jobs and plans."""
-        jobs = {b.job_id: self.jobs_by_id[b.job_id] for b in self.completed}
-        repo.write_reports(self.session, self.added, self.completed, list(jobs.values()))
-        repo.drop_plans_upto_many(self.session, self.plans_upto)
+        plans_upto: dict[int, int] = {}  # derived job id -> plans to drop
+        for job_id, batches in self.completed.items():
+            drop = _progress(self.ctx, self.jobs_by_id[job_id], batches)
+            if drop is not None:
+                plans_upto[job_id] = drop
+        completed = [b for batches in self.completed.values() for b in batches]
+        jobs = [self.jobs_by_id[job_id] for job_id in self.completed]
+        repo.write_reports(self.session, self.added, completed, jobs)
+        repo.drop_plans_upto_many(self.session, plans_upto)
 
 
 def report_commits(
@@ -927,24 +932,19 @@ def _record(scope: _ReportScope, report: CommitReport, prefix: str) -> CommitRes
                 code="conflicting_report",
             )
     scope.add(
-        Commit(
-            job_id=job.id,
-            batch_id=report.batch_id,
-            table_id=table.id,
-            barrier=report.barrier,
-            snapshot_id=report.snapshot_id,
-            created_ms=ctx.now_ms(),
+        repo.CommitRow(
+            job.id, report.batch_id, table.id, report.barrier, report.snapshot_id, ctx.now_ms()
         )
     )
     # A batch completes once; a job that gained an output later must not count it twice.
     needed = batch.outputs if batch.outputs is not None else scope.outputs(job)
     complete = scope.counts[(job.id, report.batch_id)] >= needed
     if complete and not batch.committed:
-        scope.complete(job, batch)
+        scope.complete(batch)
     return _result(report, "recorded", batch.committed)
 
 
-def _same_commit(existing: Commit | None, report: CommitReport) -> bool:
+def _same_commit(existing: repo.CommitRow | None, report: CommitReport) -> bool:
     return (
         existing is not None
         and existing.snapshot_id == report.snapshot_id
@@ -965,19 +965,29 @@ def mark_complete(ctx: Context, job: Job, batch: Batch) -> int | None:
     be dropped up to (a derived batch's start: its plan is used), or None."""
     batch.committed = True
     batch.committed_ms = ctx.now_ms()
-    job.last_barrier = max(job.last_barrier or 0, batch.barrier)
-    job.last_batch_id = max(job.last_batch_id or 0, batch.batch_id)
+    return _progress(ctx, job, [batch])
+
+
+def _progress(ctx: Context, job: Job, batches: Sequence[Batch | repo.BatchRow]) -> int | None:
+    """What completing these batches of the job moves on its row, set once per column
+    (a report request may complete hundreds of one job's batches); where its plans may
+    be dropped up to, or None (see :func:`mark_complete`)."""
+    barrier = max(b.barrier for b in batches)
+    job.last_barrier = max(job.last_barrier or 0, barrier)
+    job.last_batch_id = max(job.last_batch_id or 0, max(b.batch_id for b in batches))
     job.last_seen_ms = ctx.now_ms()
     if job.kind == SOURCE:
-        job.open_batches -= 1
-        if job.open_batches == 0:
+        before = job.open_batches
+        job.open_batches = before - len(batches)
+        if 0 < before <= len(batches):  # its open batches reached 0
             # Under the row lock no batch can be given a barrier <= the closed slot any more.
             job.frontier = max(job.frontier, fr.sealable_slot(ctx, job))
         return None
-    job.frontier = max(job.frontier, batch.barrier)
-    if job.pending_target is not None and job.pending_target <= batch.barrier:
+    job.frontier = max(job.frontier, barrier)
+    if job.pending_target is not None and job.pending_target <= barrier:
         job.pending_target = None
-    return batch.start_barrier
+    starts = [b.start_barrier for b in batches if b.start_barrier is not None]
+    return max(starts) if starts else None
 
 
 def _result(report: CommitReport, status: str, committed: bool) -> CommitResult:

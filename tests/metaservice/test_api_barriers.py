@@ -506,6 +506,67 @@ def test_commit_batch_with_one_bad_report_records_nothing(client, clock, db_url)
     assert get_json(client, "/tables/ods.c/snapshots")["total"] == 0
 
 
+def test_commit_batch_with_a_bad_report_mid_batch_records_nothing(client, clock, db_url):
+    put_job(client, "src", ["ods.a"])
+    put_job(client, "src2", ["ods.c"])
+    b0 = barrier(client, "src", 0)["barrier"]
+    c0 = barrier(client, "src2", 0)["barrier"]
+    good = [report("src", 0, b0, "ods.a", 1), report("src2", 0, c0, "ods.c", 2)]
+    for bad, code, field in (
+        (report("src", 5, b0, "ods.a", 5), "unknown_batch", "commits.1.batch_id"),
+        (report("src", 0, b0, "ods.a", 7), "conflicting_report", "commits.1.snapshot_id"),
+        (report("src", 0, b0 - SLOT, "ods.a", 8), "barrier_mismatch", "commits.1.barrier"),
+    ):
+        # Refused mid-request, some conflicting with the good report before it.
+        with unchanged(db_url):
+            r = client.post(f"{API}/commits/batch", json={"commits": [good[0], bad, good[1]]})
+            assert_error(r, 409, code, field=field)
+    out = client.post(f"{API}/commits/batch", json={"commits": good}).json()
+    assert (out["recorded"], out["duplicates"]) == (2, 0)
+
+
+def test_commit_batch_completing_several_batches_of_a_job_moves_it_as_one_by_one(client, clock):
+    """A request completing batches 0 and 2 of a source job while 1 stays open, then one
+    completing 1: the job's frontier, last barrier and last batch as reported singly."""
+    put_job(client, "src", ["ods.a"])
+    put_job(client, "der", inputs=["ods.a"], outputs=["dw.b"])
+    barriers = []
+    for batch_id in range(3):
+        barriers.append(barrier(client, "src", batch_id)["barrier"])
+        clock.advance(SLOT)
+    first = [report("src", 0, barriers[0], "ods.a", 10), report("src", 2, barriers[2], "ods.a", 12)]
+    out = client.post(f"{API}/commits/batch", json={"commits": first}).json()
+    assert [x["batch_committed"] for x in out["results"]] == [True, True]
+    job = get_json(client, "/jobs/src")
+    assert job["frontier"] == barriers[1] - SLOT  # batch 1 still holds it
+    assert (job["last_barrier"], job["last_batch_id"]) == (barriers[2], 2)
+    out = client.post(
+        f"{API}/commits/batch", json={"commits": [report("src", 1, barriers[1], "ods.a", 11)]}
+    ).json()
+    assert out["recorded"] == 1
+    job = get_json(client, "/jobs/src")
+    assert job["frontier"] == T0 + 2 * SLOT  # the last closed slot: nothing open
+    assert (job["last_barrier"], job["last_batch_id"]) == (barriers[2], 2)
+    # An empty derived batch (no snapshot) and a source batch in one request.
+    nxt = get_json(client, "/jobs/der/next-barrier")
+    assert nxt["ready"], nxt
+    view = client.post(
+        f"{API}/jobs/der/batches/0/barrier",
+        json={"start": nxt["start_barrier"], "end": nxt["barrier"]},
+    ).json()
+    b3 = barrier(client, "src", 3)["barrier"]
+    both = [report("der", 0, view["barrier"], "dw.b", None), report("src", 3, b3, "ods.a", 13)]
+    out = client.post(f"{API}/commits/batch", json={"commits": both}).json()
+    assert [(x["snapshot_id"], x["batch_committed"]) for x in out["results"]] == [
+        (None, True),
+        (13, True),
+    ]
+    assert get_json(client, "/jobs/der")["frontier"] == view["barrier"]
+    assert get_json(client, "/tables/dw.b")["latest_snapshot"] is None
+    again = client.post(f"{API}/commits/batch", json={"commits": both}).json()
+    assert again["duplicates"] == 2
+
+
 def test_commit_batch_empty_list_gives_422(client, db_url):
     with unchanged(db_url):
         assert_error(

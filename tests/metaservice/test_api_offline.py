@@ -206,6 +206,26 @@ def test_many_claims_in_one_request_are_recorded_in_order(client, clock: ManualC
     assert frontier(client, "ods.orders") == T0 - SLOT  # until the job reports in
 
 
+def test_a_batch_claimed_twice_in_one_request_keeps_the_later_claim(
+    client, db_url, clock: ManualClock
+):
+    """Claims opened by a request are written together at its end: a second claim of one
+    of them in the same request replaces its barrier, checked against the batches the
+    request opened before it."""
+    source_and_reader(client)
+    grant(client, "src", floor=T0)
+    clock.advance(5 * SLOT)
+    with unchanged(db_url):
+        r = claims(client, "src", [(0, T0 + 2 * SLOT), (1, T0 + 3 * SLOT), (1, T0 + SLOT)])
+        assert_error(r, 409, "barrier_went_back", "claims.2.barrier")
+    r = claims(client, "src", [(0, T0), (1, T0 + 3 * SLOT), (1, T0 + SLOT), (2, T0 + 2 * SLOT)])
+    assert r.status_code == 200, r.text
+    assert [x["barrier"] for x in r.json()["results"]] == [T0, T0 + SLOT, T0 + SLOT, T0 + 2 * SLOT]
+    for batch_id, b in ((0, T0), (1, T0 + SLOT), (2, T0 + 2 * SLOT)):
+        assert commit(client, "src", batch_id, b, "ods.orders", 100 + batch_id)["batch_committed"]
+    assert claim(client, "src", 1, T0 + SLOT).json()["committed"] is True
+
+
 def test_a_claims_request_with_one_bad_claim_changes_nothing(client, db_url, clock: ManualClock):
     source_and_reader(client)
     grant(client, "src", floor=T0)

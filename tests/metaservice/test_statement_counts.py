@@ -31,6 +31,8 @@ BOUNDS: dict[str, tuple[int, int]] = {
     "batched reports, 1": (8, 7),
     "batched reports, 10": (8, 7),
     "batched reports, 100": (8, 7),
+    "offline claims, 1": (8, 7),
+    "offline claims, 100": (8, 7),
     # could_advance walks the upstream a layer at a time (it sent 119 / 117 per job)
     "consistent version, 50 tables": (13, 11),
     # Sealing varies by a few statements with the order PostgreSQL returns job rows
@@ -175,6 +177,33 @@ def test_batched_reports_cost_does_not_grow_with_the_reports(client, clock, db_u
     check(client, db_url, "batched reports, 10", n10)
     check(client, db_url, "batched reports, 100", n100)
     assert n100 - n10 <= BATCH_GROWTH[0 if db_url.startswith("sqlite") else 1], (n10, n100)
+
+
+def test_offline_claims_cost_does_not_grow_with_the_claims(client, clock, db_url):
+    """A backlog of claims delivered after an outage: one request per delivery, the
+    batches it opens written together (one output count, clock raise and INSERT)."""
+    put_job(client, "src", outputs=["ods.a"])
+    r = client.put(API + "/jobs/src/offline-grant", json={"floor": 0})
+    assert r.status_code == 200, r.text
+    floor = r.json()["floor"]
+    clock.advance(200 * SLOT)
+
+    def claims(first: int, count: int) -> int:
+        body = {
+            "claims": [
+                {"batch_id": first + k, "barrier": floor + (first + k) * SLOT} for k in range(count)
+            ]
+        }
+        out, n = counted(client, lambda: post_ok(client, "/jobs/src/claims", body))
+        assert len(out["results"]) == count
+        return n
+
+    claims(0, 2)  # warm up
+    n1 = claims(2, 1)
+    n100 = claims(3, 100)
+    check(client, db_url, "offline claims, 1", n1)
+    check(client, db_url, "offline claims, 100", n100)
+    assert n100 == n1, (n1, n100)
 
 
 def _fifty_tables(client, clock) -> list[str]:
