@@ -19,7 +19,8 @@ from sqlalchemy import (
     func,
     insert,
     inspect,
-    literal,
+    literal_column,
+    null,
     or_,
     select,
     tuple_,
@@ -292,40 +293,47 @@ def _unnest(**arrays: Any) -> TableValuedAlias:
     )
 
 
+def _report_rows(batches: Any, snapshots: Any, on_batches: Any, on_snapshots: Any) -> Any:
+    """The one read of a report request (:func:`report_rows`): rows tagged 0, a batch
+    given by (job id, batch id) with one of its commits (or none), and rows tagged 1,
+    a commit of a snapshot given by (table id, snapshot id); ``batches`` and
+    ``snapshots`` are the FROM clauses picking them, ``on_*`` their WHERE clauses
+    (None: the FROM clauses pick them)."""
+    no_batch = [sql_cast(null(), c.type) for c in _BATCH_ROW]
+    its_commits = and_(
+        _COMMITS.c.job_id == _BATCHES.c.job_id, _COMMITS.c.batch_id == _BATCHES.c.batch_id
+    )
+    of_batches = select(literal_column("0"), *_BATCH_ROW, *_COMMIT_ROW).select_from(
+        batches.outerjoin(_COMMITS, its_commits)
+    )
+    of_snapshots = select(literal_column("1"), *no_batch, *_COMMIT_ROW).select_from(snapshots)
+    if on_batches is not None:
+        of_batches, of_snapshots = of_batches.where(on_batches), of_snapshots.where(on_snapshots)
+    return union_all(of_batches, of_snapshots)
+
+
 _PG_KEYS = _unnest(job_id=Integer, batch_id=BigInteger)
-_PG_BATCH_ROWS = select(*_BATCH_ROW).join_from(
-    _BATCHES,
-    _PG_KEYS,
-    and_(_BATCHES.c.job_id == _PG_KEYS.c.job_id, _BATCHES.c.batch_id == _PG_KEYS.c.batch_id),
-)
-_SQLITE_BATCH_ROWS = select(*_BATCH_ROW).where(
-    tuple_(_BATCHES.c.job_id, _BATCHES.c.batch_id).in_(bindparam("keys", expanding=True))
-)
 _PG_SNAPSHOT_KEYS = _unnest(s_table_id=Integer, s_snapshot_id=BigInteger)
-# Tagged by the half that found them (0: a commit of the batches, 1: of the snapshots):
-# a commit may be both.
-_PG_COMMIT_ROWS = union_all(
-    select(literal(0), *_COMMIT_ROW).join_from(
-        _COMMITS,
+_PG_REPORT_ROWS = _report_rows(
+    _BATCHES.join(
         _PG_KEYS,
-        and_(_COMMITS.c.job_id == _PG_KEYS.c.job_id, _COMMITS.c.batch_id == _PG_KEYS.c.batch_id),
+        and_(_BATCHES.c.job_id == _PG_KEYS.c.job_id, _BATCHES.c.batch_id == _PG_KEYS.c.batch_id),
     ),
-    select(literal(1), *_COMMIT_ROW).join_from(
-        _COMMITS,
+    _COMMITS.join(
         _PG_SNAPSHOT_KEYS,
         and_(
             _COMMITS.c.table_id == _PG_SNAPSHOT_KEYS.c.s_table_id,
             _COMMITS.c.snapshot_id == _PG_SNAPSHOT_KEYS.c.s_snapshot_id,
         ),
     ),
+    None,
+    None,
 )
-_SQLITE_COMMIT_ROWS = select(*_COMMIT_ROW).where(
-    or_(
-        tuple_(_COMMITS.c.job_id, _COMMITS.c.batch_id).in_(bindparam("batches", expanding=True)),
-        tuple_(_COMMITS.c.table_id, _COMMITS.c.snapshot_id).in_(
-            bindparam("snapshots", expanding=True)
-        ),
-    )
+_SQLITE_REPORT_ROWS = _report_rows(
+    _BATCHES,
+    _COMMITS,
+    tuple_(_BATCHES.c.job_id, _BATCHES.c.batch_id).in_(bindparam("keys", expanding=True)),
+    tuple_(_COMMITS.c.table_id, _COMMITS.c.snapshot_id).in_(bindparam("snapshots", expanding=True)),
 )
 _PG_NEW_COMMITS = _unnest(
     n_job_id=Integer,
@@ -381,40 +389,33 @@ def _array_item(value: int | None) -> str:
 def report_rows(
     session: Session, batches: Iterable[tuple[int, int]], snapshots: Iterable[tuple[int, int]]
 ) -> tuple[dict[tuple[int, int], BatchRow], list[CommitRow], dict[tuple[int, int], CommitRow]]:
-    """What a report request reads about its batches, in two statements whatever their
+    """What a report request reads about its batches, in one statement whatever their
     number: the batches given by (job id, batch id), every commit of them, and the
     commits of the snapshots given by (table id, snapshot id), by that key."""
     keys, snaps = sorted(set(batches)), sorted(set(snapshots))
     if not keys and not snaps:
         return {}, [], {}
-    connection = session.connection()
-    batch_rows: Sequence[Any] = []
     if _postgres(session):
-        key_params = _columns(keys, ("job_id", "batch_id"))
-        if keys:
-            batch_rows = connection.execute(_PG_BATCH_ROWS, key_params).all()
-        params = {**key_params, **_columns(snaps, ("s_table_id", "s_snapshot_id"))}
-        tagged = [
-            (row[0], CommitRow(*row[1:])) for row in connection.execute(_PG_COMMIT_ROWS, params)
-        ]
+        params: dict[str, Any] = {
+            **_columns(keys, ("job_id", "batch_id")),
+            **_columns(snaps, ("s_table_id", "s_snapshot_id")),
+        }
+        rows = session.connection().execute(_PG_REPORT_ROWS, params)
     else:
-        if keys:
-            batch_rows = connection.execute(_SQLITE_BATCH_ROWS, {"keys": keys}).all()
-        wanted_keys, wanted_snaps = set(keys), set(snaps)
-        tagged = []
-        for row in connection.execute(_SQLITE_COMMIT_ROWS, {"batches": keys, "snapshots": snaps}):
-            commit = CommitRow(*row)
-            if (commit.job_id, commit.batch_id) in wanted_keys:
-                tagged.append((0, commit))
-            if (commit.table_id, commit.snapshot_id) in wanted_snaps:
-                tagged.append((1, commit))
-    found = {(r[1], r[2]): BatchRow(*r) for r in batch_rows}
-    of_batches = [c for tag, c in tagged if tag == 0]
-    by_snapshot = {
-        (c.table_id, c.snapshot_id): c
-        for tag, c in tagged
-        if tag == 1 and c.snapshot_id is not None
-    }
+        params = {"keys": keys, "snapshots": snaps}
+        rows = session.connection().execute(_SQLITE_REPORT_ROWS, params)
+    found: dict[tuple[int, int], BatchRow] = {}
+    of_batches: list[CommitRow] = []
+    by_snapshot: dict[tuple[int, int], CommitRow] = {}
+    for row in rows:
+        commit = CommitRow(*row[9:]) if row[9] is not None else None
+        if row[0] == 0:
+            if (row[2], row[3]) not in found:
+                found[(row[2], row[3])] = BatchRow(*row[1:9])
+            if commit is not None:
+                of_batches.append(commit)
+        elif commit is not None and commit.snapshot_id is not None:
+            by_snapshot[(commit.table_id, commit.snapshot_id)] = commit
     for b in found.values():
         b.committed, b.abandoned = bool(b.committed), bool(b.abandoned)  # SQLite: 0 / 1
     return found, of_batches, by_snapshot
