@@ -21,7 +21,7 @@ Which tables it serves is the table property `spark-barrier.write.native`:
   saves on small batches and less on large ones (`bench/bench_writer.py`), so the
   batch's expected rows (the caller's estimate: a sink's previous batch, the rows of
   the files an upsert rewrites) must reach `spark-barrier.write.native.min-rows`
-  (default 200,000 for an unpartitioned table, 1,000,000 for a partitioned one, where
+  (default 300,000 for an unpartitioned table, 1,000,000 for a partitioned one, where
   Spark also sorts by partition); an unknown size is taken as small. Other file
   systems need `true`: there, Spark's Hadoop writes with its own settings, which the
   table's FileIO (which lists the written files) may not share.
@@ -92,9 +92,10 @@ log = logging.getLogger(__name__)
 NATIVE_WRITER_PROPERTY = "spark-barrier.write.native"
 NATIVE_MIN_ROWS_PROPERTY = "spark-barrier.write.native.min-rows"
 _MODES = ("auto", "true", "false")
-# Where Spark's writer pays, by bench_writer (2 cores, local[2]): unpartitioned 1.09 of
-# the Python workers' time at 100,000 rows and 0.67 at 1,000,000; by day 2.01 and 0.88.
-DEFAULT_MIN_ROWS = 200_000
+# Where Spark's writer pays, by bench_writer (2 cores, local[2]): unpartitioned 1.07 of
+# the Python workers' time at 200,000 rows and 0.68 at 1,000,000 (even near 250,000); by
+# day 1.57 and 0.76.
+DEFAULT_MIN_ROWS = 300_000
 DEFAULT_MIN_ROWS_PARTITIONED = 1_000_000
 # File systems where `auto` may choose Spark's writer: the ones Spark's Hadoop and the
 # table's FileIO both open by the path alone, with no settings of their own.
