@@ -520,11 +520,7 @@ def _worth_a_round(
     if derived and could_advance(session, ctx, derived):
         return True
     limit = min(fr.frontiers(session, ctx, found, sealed_only=False).values())
-    candidates = None
-    if derived:
-        sets = [set(repo.committed_barriers(session, w.id, base, limit)) for w in derived]
-        candidates = sorted(set.intersection(*sets))
-    return fr.aligned_target(base, limit, ctx.interval, candidates) is not None
+    return _aligned_target(session, ctx, derived, base, limit) is not None
 
 
 def touch_job_id(session: Session, ctx: Context, job_id: int) -> None:
@@ -602,6 +598,14 @@ def _choose_target(session: Session, ctx: Context, job: Job, start: int) -> int 
     advance_idle_many(session, ctx, derived)  # locks upstream jobs before sources
     fr.seal_sources(session, ctx, writers)
     limit = min(fr.frontiers(session, ctx, writers).values())
+    return _aligned_target(session, ctx, derived, start, limit)
+
+
+def _aligned_target(
+    session: Session, ctx: Context, derived: Sequence[Job], start: int, limit: int
+) -> int | None:
+    """The end of the batch after ``start`` (:func:`fr.aligned_target`), among the
+    barriers every derived writer committed at in ``(start, limit]``."""
     candidates = None
     if derived:
         sets = [set(repo.committed_barriers(session, w.id, start, limit)) for w in derived]
