@@ -59,7 +59,7 @@ def writes(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     returning them), in place of Spark's write."""
     queue: list[Any] = []
 
-    def fake_write(df: Any, folder: str, table: Table, *, log_target: Any = None) -> list[Any]:
+    def fake_write(df: Any, folder: str, table: Table, **_options: Any) -> list[Any]:
         return queue.pop(0)(table)  # type: ignore[no-any-return]
 
     monkeypatch.setattr(commit_module, "write_data_files", fake_write)
