@@ -4,22 +4,25 @@ process by the log store tests.
     python -m tests.spark_barrier.log_driver URL DB_URL WAREHOUSE STATE_DIR ROWS [LOG_URL]
 
 Ingests a rate stream (20 rows a second, ids 0, 1, 2...) into ods.logged until the
-table holds ROWS rows, then stops cleanly (exit 0; exit 3 if it did not get there in
-time). Its log is embedded in this driver, or the external one at LOG_URL. With
+table holds ROWS rows and, if LOG_DRIVER_STOP_FILE is set, that file exists, then stops
+cleanly (exit 0; exit 3 if it did not get there in time). Its log is embedded in this driver, or the external one at LOG_URL. With
 SPARK_BARRIER_CRASH_AT set it dies at that point instead (exit 97); run again, it
 resumes from its checkpoint and replays the batch it died in.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+from pathlib import Path
 
 import spark_barrier
 from spark_barrier import local_spark_builder
 from tests.spark_barrier.pipeline import NUMBERS_SCHEMA, rate_numbers
 
 JOB, TABLE = "ingest_logged", "ods.logged"
+STOP_FILE_ENV = "LOG_DRIVER_STOP_FILE"
 
 
 def main(
@@ -42,7 +45,7 @@ def main(
     query = job.start(stream, job.sink(), trigger_seconds=0.5)
     deadline = time.monotonic() + 180
     try:
-        while _committed_rows(job) < rows:
+        while _committed_rows(job) < rows or not _told_to_stop():
             if query.exception() is not None:
                 raise query.exception()  # type: ignore[misc]
             if time.monotonic() > deadline:
@@ -53,6 +56,12 @@ def main(
         spark_barrier.stop_between_batches(query)
         job.close()
         spark.stop()
+
+
+def _told_to_stop() -> bool:
+    """A test that must see this driver's log before it goes holds it with a stop file."""
+    stop_file = os.environ.get(STOP_FILE_ENV)
+    return stop_file is None or Path(stop_file).exists()
 
 
 def _committed_rows(job: spark_barrier.BarrierJob) -> int:

@@ -85,11 +85,20 @@ def _last_batch(service: Service, table: str) -> int:
     return stamp.batch
 
 
-def _drive(service: Service, tmp_path: Path, rows: int, crash: str | None = None) -> int:
-    """Run the log driver (its log embedded) until the table holds ``rows`` rows."""
-    env = {k: v for k, v in os.environ.items() if k != ENV}
+def _drive(
+    service: Service,
+    tmp_path: Path,
+    rows: int,
+    crash: str | None = None,
+    stop_file: Path | None = None,
+) -> int:
+    """Run the log driver (its log embedded) until the table holds ``rows`` rows (and
+    ``stop_file`` exists, if given)."""
+    env = {k: v for k, v in os.environ.items() if k not in (ENV, log_driver.STOP_FILE_ENV)}
     if crash:
         env[ENV] = crash
+    if stop_file:
+        env[log_driver.STOP_FILE_ENV] = str(stop_file)
     args = [service.url, service.db_url, service.warehouse, str(tmp_path / "state"), str(rows)]
     done = subprocess.run(
         [sys.executable, "-m", "tests.spark_barrier.log_driver", *args],
@@ -140,7 +149,23 @@ def test_a_writer_killed_mid_batch_and_restarted_loses_no_row_for_its_log_reader
     assert results == [EXIT_CODE], "the first driver did not die at its crash point"
     crashed_at = set(follower.ids())
 
-    assert _drive(service, tmp_path, rows=200) == 0
+    # The restarted driver's first batch catches up on the rate stream's backlog and may
+    # reach 200 rows at once; it goes on until the reader took a row from its log (its log
+    # lives in its process), however slowly this machine lets the reader poll.
+    stop_file = tmp_path / "stop-second-driver"
+    second: list[int] = []
+    restarted = threading.Thread(
+        target=lambda: second.append(_drive(service, tmp_path, 200, stop_file=stop_file))
+    )
+    restarted.start()
+    try:
+        deadline = time.monotonic() + 180
+        while not follower.ids_from_the_log() - crashed_at and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        stop_file.touch()
+        restarted.join(timeout=300)
+    assert second == [0], "the restarted driver did not stop cleanly"
     assert service.client.get_table(log_driver.TABLE).log.address != published.address
 
     table = _table_ids(service, log_driver.TABLE)
