@@ -123,6 +123,17 @@ def lock_job(session: Session, job_id: int) -> Job:
     return job
 
 
+def try_lock_job(session: Session, job_id: int) -> Job | None:
+    """The job row, locked, or None when another transaction holds it locked (``SKIP
+    LOCKED``) or it was deleted: for work that may just be left to a later call."""
+    return session.execute(
+        select(Job)
+        .where(Job.id == job_id)
+        .with_for_update(skip_locked=True)
+        .execution_options(populate_existing=True)
+    ).scalar_one_or_none()
+
+
 def lock_jobs_by_name(session: Session, names: Iterable[str]) -> dict[str, Job]:
     """The named jobs' rows, locked in name order in one statement (the order every
     report request takes, so two of them never deadlock); missing names are left out."""
@@ -682,7 +693,14 @@ def _sealable(closed: int, interval: int) -> ColumnElement[int]:
 def seal_candidates(
     session: Session, job_ids: Iterable[int], closed: int, interval: int
 ) -> list[int]:
-    """Idle source jobs whose frontier can move up towards the last closed slot, locked in id order."""
+    """Idle source jobs whose frontier can move up towards the last closed slot, locked in
+    id order; a row another transaction holds locked is left out (``SKIP LOCKED``).
+
+    Leaving one out is always safe: its frontier stays at its sealed value, below what
+    sealing would give, so the caller decides on less than it could, and sealing is
+    tried again on the next call. Waiting for the lock instead queued every derived
+    job's next-barrier round (holding that job's own row) behind the source's barrier,
+    report, grant and listener event: the convoy of issue 13."""
     ids = list(job_ids)
     if not ids:
         return []
@@ -696,7 +714,7 @@ def seal_candidates(
                 Job.frontier < _sealable(closed, interval),
             )
             .order_by(Job.id)
-            .with_for_update()
+            .with_for_update(skip_locked=True)
         ).scalars()
     )
 

@@ -624,10 +624,18 @@ def advance_idle(session: Session, ctx: Context, job: Job) -> bool:
     for later, a planned batch that ends at or below the frontier is refused as an
     empty range, so it never commits. Locks the job; its upstream derived jobs are
     advanced first, through ``_choose_target``.
+
+    A job whose row another transaction holds locked (its own batch, report or round,
+    or another reader advancing it) is left as it is: its frontier as committed is a
+    lower bound, and the next call tries again. Waiting for it made every downstream
+    round queue behind its upstream's requests (issue 13).
     """
     if job.kind != DERIVED:
         return False
-    job = repo.lock_job(session, job.id)
+    locked = repo.try_lock_job(session, job.id)
+    if locked is None:
+        return False
+    job = locked
     if repo.open_batch(session, job.id) is not None:
         return False
     target = _choose_target(session, ctx, job, job.frontier)
