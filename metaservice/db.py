@@ -14,11 +14,15 @@ lock; reads use WAL mode and never block writers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
+import heapq
+import itertools
 import logging
 import random
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -47,6 +51,124 @@ _MAX_ATTEMPTS = 8
 # restarted) fails its request with 503 ``database_unavailable``, and the pool then
 # replaces every connection older than the failure.
 PING_AFTER_IDLE_S = 1.0
+
+
+# How many units of work of one Database run at once; the others wait their turn in
+# order of priority, then arrival, holding no connection and no lock. Measured on the
+# fleet of issue 13: with 40 at once, the one Python process's threads took turns at
+# the GIL in the middle of their transactions, and PostgreSQL saw 15-20 sessions *idle
+# in transaction*, their row locks held while Python served the others; every lock was
+# held longer the more requests came, and the queues behind the locks grew.
+MAX_TRANSACTIONS = 6
+
+# Priorities of units of work (lower first): what a running job waits for before its
+# batch can go on (its barrier, its commit report, the offline grant that lets its
+# frontier follow the clock), then a derived job's next-barrier long poll, then the
+# rest (listener events, reads, admin).
+URGENT = 0
+POLL = 1
+NORMAL = 2
+
+
+class _Waiter:
+    """One unit of work waiting for its turn: a thread (``loop`` None) or a coroutine."""
+
+    __slots__ = ("event", "future", "gone", "handed", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.loop = loop
+        self.event = threading.Event() if loop is None else None
+        self.future: asyncio.Future[None] | None = loop.create_future() if loop else None
+        self.handed = False  # given a turn (under the lock of _Turns)
+        self.gone = False  # cancelled while waiting: skipped
+
+    def hand(self) -> None:
+        self.handed = True
+        if self.event is not None:
+            self.event.set()
+        elif self.loop is not None and self.future is not None:
+            self.loop.call_soon_threadsafe(_resolve, self.future)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class _Turns:
+    """At most ``slots`` holders at once; waiters are let in by priority, then arrival.
+
+    Threads wait with :meth:`enter`, coroutines with :meth:`enter_async` (before they
+    take a thread: a coroutine waiting here holds neither a thread nor a connection, so
+    an urgent request never queues in the executor behind others waiting for a turn).
+    A thread that already holds a turn (a unit of work run inside another) goes on
+    without a second one, so nesting never waits for itself.
+    """
+
+    def __init__(self, slots: int) -> None:
+        self._lock = threading.Lock()
+        self._free = slots
+        self._queue: list[tuple[int, int, _Waiter]] = []
+        self._arrival = itertools.count()
+        self._held = threading.local()
+
+    def _take_or_queue(self, priority: int, waiter: _Waiter) -> bool:
+        with self._lock:
+            if self._free > 0 and not self._queue:
+                self._free -= 1
+                return True
+            heapq.heappush(self._queue, (priority, next(self._arrival), waiter))
+            return False
+
+    def enter(self, priority: int) -> bool:
+        """Wait for a turn; whether one was taken (False: this thread holds one)."""
+        depth = getattr(self._held, "depth", 0)
+        self._held.depth = depth + 1
+        if depth:
+            return False
+        waiter = _Waiter()
+        if not self._take_or_queue(priority, waiter):
+            assert waiter.event is not None
+            waiter.event.wait()  # the leaving holder hands its turn over
+        return True
+
+    async def enter_async(self, priority: int) -> None:
+        """Wait for a turn on the event loop; give it back with :meth:`give_back`."""
+        waiter = _Waiter(asyncio.get_running_loop())
+        if self._take_or_queue(priority, waiter):
+            return
+        assert waiter.future is not None
+        try:
+            await waiter.future
+        except asyncio.CancelledError:
+            with self._lock:
+                handed, waiter.gone = waiter.handed, True
+            if handed:
+                self.give_back()
+            raise
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """This thread runs under a turn taken for it (by :meth:`enter_async`)."""
+        self._held.depth = getattr(self._held, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            self._held.depth -= 1
+
+    def leave(self, took: bool) -> None:
+        self._held.depth -= 1
+        if took:
+            self.give_back()
+
+    def give_back(self) -> None:
+        with self._lock:
+            while self._queue:
+                waiter = heapq.heappop(self._queue)[2]
+                if not waiter.gone:
+                    waiter.hand()
+                    return
+            self._free += 1
 
 
 def normalise_url(url: str) -> str:
@@ -147,8 +269,11 @@ def database_unreachable(exc: DBAPIError) -> bool:
 class Database:
     """Owns the engine; hands out read and write units of work."""
 
-    def __init__(self, url: str, **engine_kwargs: Any) -> None:
+    def __init__(
+        self, url: str, *, max_transactions: int = MAX_TRANSACTIONS, **engine_kwargs: Any
+    ) -> None:
         self.url = normalise_url(url)
+        self._turns = _Turns(max_transactions)
         self.engine = make_engine(self.url, **engine_kwargs)
         self.sqlite = is_sqlite(self.url)
         write_bind = (
@@ -166,35 +291,53 @@ class Database:
         self._write = sessionmaker(bind=write_bind, expire_on_commit=False)
         self._threads: ThreadPoolExecutor | None = None
 
-    def write(self, fn: Callable[[Session], T]) -> T:
-        """Run ``fn`` in a write transaction, retried on lock conflicts."""
-        return self._run(self._write, fn)
+    def write(self, fn: Callable[[Session], T], priority: int = NORMAL) -> T:
+        """Run ``fn`` in a write transaction, retried on lock conflicts; at most
+        :data:`MAX_TRANSACTIONS` run at once, the others wait by ``priority``."""
+        return self._run(self._write, fn, priority)
 
-    def read(self, fn: Callable[[Session], T]) -> T:
-        return self._run(self._read, fn)
+    def read(self, fn: Callable[[Session], T], priority: int = NORMAL) -> T:
+        return self._run(self._read, fn, priority)
 
-    async def write_async(self, fn: Callable[[Session], T]) -> T:
+    async def write_async(self, fn: Callable[[Session], T], priority: int = NORMAL) -> T:
         """:meth:`write` from an ``async`` endpoint, on a thread of this database's own.
 
         A plain executor hop costs about half of Starlette's ``run_in_threadpool``
         (anyio's capacity limiter and cancel scope) on the hot requests; the context
         is copied, so the request id still reaches the log lines.
         """
-        return await self._in_thread(self.write, fn)
+        return await self._in_thread(self._write, fn, priority)
 
-    async def read_async(self, fn: Callable[[Session], T]) -> T:
+    async def read_async(self, fn: Callable[[Session], T], priority: int = NORMAL) -> T:
         """:meth:`read` from an ``async`` endpoint (see :meth:`write_async`)."""
-        return await self._in_thread(self.read, fn)
+        return await self._in_thread(self._read, fn, priority)
 
     async def _in_thread(
-        self, run: Callable[[Callable[[Session], T]], T], fn: Callable[[Session], T]
+        self, maker: sessionmaker[Session], fn: Callable[[Session], T], priority: int
     ) -> T:
         if self._threads is None:
             self._threads = ThreadPoolExecutor(_THREADS, thread_name_prefix="metaservice-db")
         context = contextvars.copy_context()
-        return await asyncio.get_running_loop().run_in_executor(self._threads, context.run, run, fn)
+        await self._turns.enter_async(priority)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                self._threads, context.run, self._held_attempts, maker, fn
+            )
+        finally:
+            self._turns.give_back()
 
-    def _run(self, maker: sessionmaker[Session], fn: Callable[[Session], T]) -> T:
+    def _held_attempts(self, maker: sessionmaker[Session], fn: Callable[[Session], T]) -> T:
+        with self._turns.held():
+            return self._attempts(maker, fn)
+
+    def _run(self, maker: sessionmaker[Session], fn: Callable[[Session], T], priority: int) -> T:
+        took = self._turns.enter(priority)
+        try:
+            return self._attempts(maker, fn)
+        finally:
+            self._turns.leave(took)
+
+    def _attempts(self, maker: sessionmaker[Session], fn: Callable[[Session], T]) -> T:
         for attempt in range(1, _MAX_ATTEMPTS + 1):
             try:
                 with maker.begin() as session:

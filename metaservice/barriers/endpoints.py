@@ -24,6 +24,7 @@ from metaservice.barriers.schemas import (
     OfflineGrant,
     OfflineGrantRequest,
 )
+from metaservice.db import POLL, URGENT
 from metaservice.deps import Services, require, services, services_of
 from metaservice.errors import TooLarge
 from metaservice.metrics import BARRIERS, COMMITS
@@ -80,12 +81,12 @@ async def batch_barrier(
     claimed = request.barrier if request is not None else None
     if claimed is None:
         result = await s.db.write_async(
-            lambda session: service.batch_barrier(session, s.ctx, job, batch_id, request)
+            lambda session: service.batch_barrier(session, s.ctx, job, batch_id, request), URGENT
         )
     else:
         query_id = request.query_id if request is not None else None
         result = await s.db.write_async(
-            lambda session: offline.claim(session, s.ctx, job, batch_id, claimed, query_id)
+            lambda session: offline.claim(session, s.ctx, job, batch_id, claimed, query_id), URGENT
         )
     BARRIERS.inc()
     if result.start_barrier is None:
@@ -112,23 +113,26 @@ def claim_barriers(
     return ClaimBatchResult(results=results)
 
 
-@router.put(
+@writes.put(
     "/jobs/{job}/offline-grant",
     response_model=OfflineGrant,
     responses=error_responses(400, 404),
-    dependencies=[require(Role.WRITER)],
 )
-def take_offline_grant(
-    job: str, body: OfflineGrantRequest, s: Services = Depends(services)
-) -> OfflineGrant:
+async def take_offline_grant(http: Request, job: str, body: OfflineGrantRequest) -> Response:
     """Take or renew a source job's offline grant (the job reporting in).
 
     The job promises never to give itself a barrier below `floor`; its frontier
     stays below the returned `floor` until it reports in again or releases the grant.
     """
-    grant = s.db.write(lambda session: offline.grant(session, s.ctx, job, body.floor))
-    s.changes.notify_threadsafe([job])  # a new floor may move the job's frontier
-    return grant
+    # Urgent: a renewal late by k seconds holds the job's frontier k slots behind the
+    # clock (its floor is the slot the job promised when it sent it), and every
+    # derived job reading its tables with it.
+    s = services_of(http)
+    grant = await s.db.write_async(
+        lambda session: offline.grant(session, s.ctx, job, body.floor), URGENT
+    )
+    s.changes.notify([job])  # a new floor may move the job's frontier
+    return _json(grant)
 
 
 @router.delete(
@@ -183,7 +187,8 @@ async def next_barrier(
     s = services_of(http)
     if wait_ms == 0:
         answer, _ = await s.db.write_async(
-            lambda session: service.next_barrier_round(session, s.ctx, job, after, source)
+            lambda session: service.next_barrier_round(session, s.ctx, job, after, source),
+            POLL,
         )
         return _json(answer)
     deadline = time.monotonic() + wait_ms / 1000
@@ -192,17 +197,19 @@ async def next_barrier(
         # locking round runs only when it may find a target (or must record who asked).
         seen = s.changes.mark()
         look = await s.db.read_async(
-            lambda session: service.next_barrier_readiness(session, s.ctx, job, after, source)
+            lambda session: service.next_barrier_readiness(session, s.ctx, job, after, source),
+            POLL,
         )
         if look.answer is not None:
             if look.stale:
                 touch = partial(service.touch_job_id, ctx=s.ctx, job_id=look.job_id)
-                await s.db.write_async(touch)
+                await s.db.write_async(touch, POLL)
             return _json(look.answer)
         left = deadline - time.monotonic()
         if look.worth_a_round or left <= 0:
             answer, held = await s.db.write_async(
-                lambda session: service.next_barrier_round(session, s.ctx, job, after, source)
+                lambda session: service.next_barrier_round(session, s.ctx, job, after, source),
+                POLL,
             )
             if answer.ready or held or left <= 0:
                 return _json(answer)
@@ -260,7 +267,7 @@ async def report_commit(http: Request, report: CommitReport) -> Response:
     """Report that a job's batch committed a snapshot (idempotent; 409 on a conflicting report)."""
     s = services_of(http)
     result = await s.db.write_async(
-        lambda session: service.report_commits(session, s.ctx, [report])
+        lambda session: service.report_commits(session, s.ctx, [report]), URGENT
     )
     COMMITS.labels(result=result.results[0].status).inc()
     if result.results[0].batch_committed:
@@ -283,7 +290,8 @@ async def report_commits(
     result = await s.db.write_async(
         lambda session: service.report_commits(
             session, s.ctx, body.commits, field_prefix="commits."
-        )
+        ),
+        URGENT,
     )
     COMMITS.labels(result="recorded").inc(result.recorded)
     COMMITS.labels(result="duplicate").inc(result.duplicates)
