@@ -68,6 +68,9 @@ MAX_TRANSACTIONS = 6
 URGENT = 0
 POLL = 1
 NORMAL = 2
+# Every this many turns handed over, the oldest waiter goes in whatever its priority,
+# so that lower priorities are slowed under load, never starved.
+OLDEST_EVERY = 8
 
 
 class _Waiter:
@@ -96,7 +99,8 @@ def _resolve(future: asyncio.Future[None]) -> None:
 
 
 class _Turns:
-    """At most ``slots`` holders at once; waiters are let in by priority, then arrival.
+    """At most ``slots`` holders at once; waiters are let in by priority, then arrival
+    (every :data:`OLDEST_EVERY` turns, the oldest waiter first).
 
     Threads wait with :meth:`enter`, coroutines with :meth:`enter_async` (before they
     take a thread: a coroutine waiting here holds neither a thread nor a connection, so
@@ -110,6 +114,7 @@ class _Turns:
         self._free = slots
         self._queue: list[tuple[int, int, _Waiter]] = []
         self._arrival = itertools.count()
+        self._handoffs = 0
         self._held = threading.local()
 
     def _take_or_queue(self, priority: int, waiter: _Waiter) -> bool:
@@ -163,6 +168,17 @@ class _Turns:
 
     def give_back(self) -> None:
         with self._lock:
+            self._handoffs += 1
+            if self._handoffs % OLDEST_EVERY == 0 and self._queue:
+                # The oldest waiter, whatever its priority: under a load of urgent work
+                # the rest (listener events, reads, the console) still gets a share.
+                oldest = min(range(len(self._queue)), key=lambda i: self._queue[i][1])
+                self._queue[oldest], self._queue[-1] = self._queue[-1], self._queue[oldest]
+                waiter = self._queue.pop()[2]
+                heapq.heapify(self._queue)
+                if not waiter.gone:
+                    waiter.hand()
+                    return
             while self._queue:
                 waiter = heapq.heappop(self._queue)[2]
                 if not waiter.gone:

@@ -20,7 +20,7 @@ from typing import Any
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
-from metaservice.db import NORMAL, POLL, URGENT, Database, _Turns
+from metaservice.db import NORMAL, OLDEST_EVERY, POLL, URGENT, Database, _Turns
 from metaservice.migrate import upgrade
 from tests.metaservice.helpers import SLOT, barrier, commit, custom_client, get_json, put_job
 
@@ -148,6 +148,33 @@ def test_turns_let_urgent_waiters_in_first_and_never_more_than_the_slots():
     for thread in threads:
         thread.join(timeout=5)
     assert order == ["urgent", "poll", "normal"]
+
+
+def test_a_waiter_of_low_priority_is_slowed_by_urgent_ones_never_starved():
+    turns = _Turns(1)
+    assert turns.enter(NORMAL)
+    order: list[str] = []
+
+    def waiter(name: str, priority: int) -> threading.Thread:
+        def run() -> None:
+            took = turns.enter(priority)
+            order.append(name)
+            time.sleep(0.01)
+            turns.leave(took)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    threads = [waiter("event", NORMAL)]
+    time.sleep(0.1)
+    threads += [waiter(f"barrier {i}", URGENT) for i in range(3 * OLDEST_EVERY)]
+    time.sleep(0.3)
+    turns.leave(True)
+    for thread in threads:
+        thread.join(timeout=5)
+    assert len(order) == 1 + 3 * OLDEST_EVERY
+    assert 0 < order.index("event") < OLDEST_EVERY, order
 
 
 def test_a_coroutine_waits_for_its_turn_without_a_thread_and_gives_it_back():
