@@ -14,6 +14,10 @@ Inside ``foreachBatch`` the sink needs two facts the Python API does not give it
 Reads ask one more fact: whether Spark's Hadoop has a FileSystem for a URI scheme
 (:func:`hadoop_reads_scheme`), so that files it cannot open are read another way.
 
+The listener's events cross here too (:class:`JsonQueryEvents`): Spark's Java listener
+calls back into Python, and pyspark's own wrapper turns each progress event into
+Python field by field, dozens of Py4J calls per event.
+
 Everything here is best read as "what Spark 4.x does today": a change of these
 internals raises :class:`PlanUnavailable` with the reason, never a wrong answer.
 """
@@ -22,9 +26,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from pyspark.sql import SparkSession
+from pyspark.sql.streaming.listener import (
+    QueryIdleEvent,
+    QueryProgressEvent,
+    QueryStartedEvent,
+    QueryTerminatedEvent,
+    StreamingQueryListener,
+)
 
 # StreamExecution.QUERY_ID_KEY: set on the query's thread, which runs foreachBatch.
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
@@ -122,3 +133,52 @@ def _offset(option: Any) -> dict[str, Any] | None:
         return None
     parsed = json.loads(option.get().json())
     return parsed if isinstance(parsed, dict) else {"value": parsed}
+
+
+class JsonQueryEvents:
+    """The Java side of a :class:`StreamingQueryListener` (what pyspark's
+    ``JStreamingQueryListener`` is), handing it progress events read from their JSON.
+
+    pyspark's wrapper builds each progress event with a Py4J call per field, key,
+    source and metric (about a hundred). Spark's listener bus calls it for every batch
+    of every query of the session, on one thread, and those calls share the driver's
+    Py4J gateway and the Python interpreter with the batches themselves: with four
+    queries at one batch a second the conversion kept a core's worth of the driver
+    busy (py-spy: the callback thread was never idle). Here a progress event is one
+    call (``progress().json()``) and the rest is Python. Start and termination events
+    are rare and still converted by pyspark; idle events are dropped unless the
+    listener overrides ``onQueryIdle``.
+    """
+
+    def __init__(self, listener: StreamingQueryListener) -> None:
+        self.listener = listener
+        self._idle = type(listener).onQueryIdle is not StreamingQueryListener.onQueryIdle
+
+    def onQueryStarted(self, jevent: Any) -> None:
+        self.listener.onQueryStarted(QueryStartedEvent.fromJObject(jevent))
+
+    def onQueryProgress(self, jevent: Any) -> None:
+        progress = json.loads(jevent.progress().json())
+        self.listener.onQueryProgress(QueryProgressEvent.fromJson({"progress": progress}))
+
+    def onQueryIdle(self, jevent: Any) -> None:
+        if self._idle:
+            self.listener.onQueryIdle(QueryIdleEvent.fromJObject(jevent))
+
+    def onQueryTerminated(self, jevent: Any) -> None:
+        self.listener.onQueryTerminated(QueryTerminatedEvent.fromJObject(jevent))
+
+    class Java:
+        implements: ClassVar[list[str]] = [
+            "org.apache.spark.sql.streaming.PythonStreamingQueryListener"
+        ]
+
+
+def java_listener(listener: StreamingQueryListener) -> Any:
+    """The JVM object that calls ``listener`` through :class:`JsonQueryEvents` (what
+    ``StreamingQueryManager.addListener`` registers: a listener's ``_jlistener``)."""
+    from pyspark import SparkContext
+
+    jvm = SparkContext._jvm
+    assert jvm is not None, "no SparkContext is running"
+    return jvm.PythonStreamingQueryListenerWrapper(JsonQueryEvents(listener))

@@ -2,6 +2,8 @@
 
 Callbacks never block Spark: they put the event on a queue and a background thread
 sends it to the MetaService (losing liveness events when it is down is harmless).
+Progress events reach it from their JSON (:class:`spark_barrier.jvm.JsonQueryEvents`),
+not built by pyspark field by field over Py4J.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from metaservice.client import MetaServiceClient, MetaServiceError
 from metaservice.topology.schemas import JobEvent
+from spark_barrier.jvm import java_listener
 
 log = logging.getLogger("spark_barrier.listener")
 
@@ -31,6 +34,14 @@ class BarrierListener(StreamingQueryListener):
         self._queue: queue.Queue[tuple[str, JobEvent] | None] = queue.Queue(maxsize=10_000)
         self._thread = threading.Thread(target=self._deliver, name="barrier-listener", daemon=True)
         self._thread.start()
+        self._java: Any = None
+
+    @property
+    def _jlistener(self) -> Any:
+        # What StreamingQueryManager.addListener registers: events as JSON (see jvm).
+        if self._java is None:
+            self._java = java_listener(self)
+        return self._java
 
     def _put(self, name: str | None, event: JobEvent) -> None:
         if name in self.jobs:
