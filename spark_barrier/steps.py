@@ -12,8 +12,9 @@ with an ordinary logging handler:
     total 3120 ms
 
 Spark is lazy: rows are read and transformed when they are written, so ``write`` holds
-the reading and transforming of a batch's rows (for a CDC sink, ``cdc_check``, its first
-action, does); ``inputs`` and ``transform`` are what the driver does before that
+the reading and transforming of a batch's rows (and for a small CDC batch its check:
+one Spark job, see ``iceberg.cdc_write``; a CDC batch Spark's writer writes is checked
+first, in ``cdc_check``); ``inputs`` and ``transform`` are what the driver does before that
 (planning files, waiting for a lookup to be exact). A dotted name is a part of the step
 before the dot (``commit.match`` is inside ``commit``).
 """

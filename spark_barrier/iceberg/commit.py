@@ -8,8 +8,10 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Literal
 
+import pyarrow as pa
 from pyiceberg.expressions import BooleanExpression
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table, TableProperties
@@ -18,8 +20,17 @@ from pyspark.sql import functions as F
 
 from metaservice.contract import encode_log_files, encode_stamp
 from spark_barrier.faults import crash_point
-from spark_barrier.iceberg.cdc import DELETE_OP, OP, check_changes, check_key_types, last_changes
+from spark_barrier.iceberg.cdc import (
+    DELETE_OP,
+    OP,
+    CdcInputError,
+    check_changes,
+    check_key_types,
+    last_changes,
+)
+from spark_barrier.iceberg.cdc_write import write_cdc_batch
 from spark_barrier.iceberg.files import column_names, delete_folder, safe_name, write_data_files
+from spark_barrier.iceberg.native_write import why_not_native
 from spark_barrier.iceberg.stamps import find_batch_snapshot
 from spark_barrier.iceberg.transaction import NOT_LANDED, commit_files
 from spark_barrier.iceberg.upsert import (
@@ -115,30 +126,27 @@ def commit_batch(
     folder = f"{table.location()}/data/batch-{safe_name(job)}-{batch_id}-{uuid.uuid4().hex}"
 
     where = f"job '{job}' batch {batch_id}"
-    with _batch_rows(spark_df, table, keys, op_column, order_by, where) as (
-        rows,
-        changes,
-        key_filter,
-    ):
-        with step("write"):
-            # A stream's batches are alike in size: the previous one's is this one's guess.
-            added = write_data_files(
-                rows,
-                folder,
-                table,
-                log_target=log_target,
-                expected_rows=previous_batch_rows(table),
-            )
+    # A stream's batches are alike in size: the previous one's is this one's guess.
+    expected = previous_batch_rows(table)
+    with _batch_rows(
+        spark_df, table, keys, op_column, order_by, where, folder, expected, log_target
+    ) as batch:
+        if batch.written is not None:
+            added = batch.written
+        else:
+            assert batch.rows is not None
+            with step("write"):
+                added = write_data_files(
+                    batch.rows, folder, table, log_target=log_target, expected_rows=expected
+                )
         crash_point("after_write", batch_id)  # fault-injection tests only; a no-op otherwise
-        if changes is None and not added:
+        if batch.changed_keys is None and not added:
             delete_folder(folder, table.io)
             return None
         stamp = {**stamp, BATCH_ROWS_KEY: str(sum(f.record_count for f in added))}
         if log_target is not None:  # the rows the log spilled are the snapshot's to expire
             stamp = {**stamp, **encode_log_files(log_target.claim_spilled())}
-        attempt = _attempt(
-            spark_df.sparkSession, table, stamp, folder, added, keys, changes, key_filter
-        )
+        attempt = _attempt(spark_df.sparkSession, table, stamp, folder, added, keys, batch)
 
         def should_stop() -> int | None:
             # Another driver running the same batch (a zombie after failover) may have
@@ -175,25 +183,44 @@ def _attempt(
     folder: str,
     added: list[DataFile],
     keys: list[str],
-    changes: DataFrame | None,
-    key_filter: BooleanExpression | None,
+    batch: _BatchRows,
 ) -> Callable[[int], int | None]:
     """One commit attempt of the written files `added` (attempt `n` rewrites into its
     own folder): a fast append, an upsert, or the changes of a CDC batch (whose keys
-    lie within `key_filter`)."""
+    lie within `batch.key_filter`)."""
 
     def attempt(n: int) -> int | None:
         rewrite_folder = f"{folder}/rewrite-{n}"
-        if changes is not None and key_filter is not None:
-            changed = changes.select(*keys)
+        if batch.changed_keys is not None and batch.key_filter is not None:
             return replace_keys_attempt(
-                spark, table, stamp, added, changed, keys, key_filter, rewrite_folder
+                spark,
+                table,
+                stamp,
+                added,
+                batch.changed_keys,
+                keys,
+                batch.key_filter,
+                rewrite_folder,
+                changed_key_rows=batch.changed_key_rows,
             )
         if not keys:
             return commit_files(table, stamp, added, [])
         return upsert_attempt(spark, table, stamp, added, keys, rewrite_folder)
 
     return attempt
+
+
+@dataclass
+class _BatchRows:
+    """A batch made ready to commit: the rows to write (or the files already written
+    with them), and for a CDC batch its changed keys (a DataFrame built on demand,
+    and the keys themselves when the driver holds them) and the range they lie in."""
+
+    rows: DataFrame | None = None
+    written: list[DataFile] | None = None
+    changed_keys: Callable[[], DataFrame] | None = None
+    changed_key_rows: pa.Table | None = None
+    key_filter: BooleanExpression | None = None
 
 
 @contextmanager
@@ -204,17 +231,38 @@ def _batch_rows(
     op_column: str | None,
     order_by: str | None,
     where: str,
-) -> Iterator[tuple[DataFrame, DataFrame | None, BooleanExpression | None]]:
+    folder: str,
+    expected_rows: int | None,
+    log_target: LogTarget | None,
+) -> Iterator[_BatchRows]:
     """The rows to write; for a CDC batch also its last change per key (cached while
     the batch commits: its keys are read by every attempt) and the range its keys lie
-    in, found in the same Spark job as the check of its records."""
+    in, found in the same Spark job as the check of its records. A CDC batch whose
+    files Python workers write is written here, in one Spark job with its check and
+    its changed keys (see :mod:`spark_barrier.iceberg.cdc_write`)."""
     if op_column is None:
         rows = spark_df.select(*_check_columns(spark_df, table))
-        yield (last_row_per_key(rows, keys) if keys else rows), None, None
+        yield _BatchRows(rows=last_row_per_key(rows, keys) if keys else rows)
         return
     extra = [c for c in (op_column, order_by) if c and c not in column_names(table)]
+    records = spark_df.select(*_check_columns(spark_df, table, extra), *extra)
+    if log_target is None and why_not_native(records, folder, table, expected_rows):
+        # (A log store sees the rows as they are written: only after the check.)
+        try:
+            with step("write"):  # reads, transforms, checks and writes the batch
+                written = write_cdc_batch(records, folder, table, keys, op_column, order_by, where)
+        except CdcInputError:
+            delete_folder(folder, table.io)
+            raise
+        yield _BatchRows(
+            written=written.files,
+            changed_keys=lambda: records.select(*keys).distinct(),
+            changed_key_rows=written.changed_keys,
+            key_filter=written.key_filter,
+        )
+        return
     # Cached: the feed is read once for the check and once for the changes.
-    records = spark_df.select(*_check_columns(spark_df, table, extra), *extra).persist()
+    records = records.persist()
     try:
         with step("cdc_check"):  # the first action: reads and transforms the batch
             bounds = check_changes(
@@ -224,7 +272,9 @@ def _batch_rows(
         changes = last_changes(records, keys, op_column, order_by).persist()
         try:
             upserts = changes.where(F.col(OP) != DELETE_OP).select(*column_names(table))
-            yield upserts, changes, key_filter
+            yield _BatchRows(
+                rows=upserts, changed_keys=lambda: changes.select(*keys), key_filter=key_filter
+            )
         finally:
             changes.unpersist()
     finally:

@@ -11,7 +11,7 @@ cost (several hundred ms) to learn it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,16 +107,20 @@ def upsert_attempt(
     rewrite_folder: str,
 ) -> int:
     """Plan against the table's current snapshot, rewrite affected files, commit."""
+
     # The batch is read back from its written files rather than recomputed from the
-    # caller's DataFrame, whose lineage may re-read a source.
-    batch = read_files(spark, table, [f.file_path for f in batch_files])
+    # caller's DataFrame, whose lineage may re-read a source; only when Spark matches
+    # the keys (a DataFrame costs the driver an analysis even when unused).
+    def batch_keys() -> DataFrame:
+        return read_files(spark, table, [f.file_path for f in batch_files]).select(*keys)
+
     key_filter = _key_range_filter(table, keys, lambda field: _file_bounds(batch_files, field))
     snapshot = replace_keys_attempt(
         spark,
         table,
         stamp,
         batch_files,
-        batch.select(*keys),
+        batch_keys,
         keys,
         key_filter,
         rewrite_folder,
@@ -131,26 +135,31 @@ def replace_keys_attempt(
     table: Table,
     stamp: dict[str, str],
     added: list[DataFile],
-    changed_keys: DataFrame,
+    changed_keys: Callable[[], DataFrame],
     keys: list[str],
     key_filter: BooleanExpression,
     rewrite_folder: str,
     changed_key_files: list[DataFile] | None = None,
+    changed_key_rows: pa.Table | None = None,
 ) -> int | None:
-    """One snapshot that removes every row of `changed_keys` (columns `keys`) from the
-    table and adds the files `added`: the current files holding any of those keys
+    """One snapshot that removes every row of `changed_keys()` (columns `keys`) from
+    the table and adds the files `added`: the current files holding any of those keys
     (among those `key_filter` leaves) are rewritten without them, the others are left
     untouched. An overwrite; a delete when only files are removed. None when there is
-    nothing to commit (no file added, no row removed). `changed_key_files`: data files
-    whose keys are exactly `changed_keys` (an upsert's batch), which the driver can
-    read instead of asking Spark for the keys."""
-    batch_keys = changed_keys.select(*[F.col(k).alias(_key_alias(i)) for i, k in enumerate(keys)])
+    nothing to commit (no file added, no row removed). The driver needs the keys
+    themselves only when few files are candidates: `changed_key_files`, data files
+    whose keys are exactly the changed keys (an upsert's batch), or `changed_key_rows`,
+    the changed keys already on the driver (a small CDC batch's), spare Spark a job;
+    `changed_keys` is called only when Spark must find or match them."""
     with step("commit.match"):
         candidates = data_files(table, None, key_filter)
-        small = _match_on_driver(table, candidates, changed_keys, keys, changed_key_files)
+        small = _match_on_driver(
+            table, candidates, changed_keys, keys, changed_key_files, changed_key_rows
+        )
         if small is not None:
             affected = small.affected
         else:
+            batch_keys = _aliased_keys(changed_keys(), keys)
             affected = _files_with_keys(spark, table, candidates, batch_keys, keys)
     if not affected:
         with step("commit.iceberg"):
@@ -172,6 +181,10 @@ def replace_keys_attempt(
     except NOT_LANDED:
         delete_folder(rewrite_folder, table.io)
         raise
+
+
+def _aliased_keys(changed_keys: DataFrame, keys: list[str]) -> DataFrame:
+    return changed_keys.select(*[F.col(k).alias(_key_alias(i)) for i, k in enumerate(keys)])
 
 
 def _files_with_keys(
@@ -223,13 +236,16 @@ class _SmallMatch:
 def _match_on_driver(
     table: Table,
     candidates: list[DataFile],
-    changed_keys: DataFrame,
+    changed_keys: DataFrame | Callable[[], DataFrame],
     keys: list[str],
     changed_key_files: list[DataFile] | None,
+    changed_key_rows: pa.Table | None = None,
 ) -> _SmallMatch | None:
     """The candidate files holding at least one changed key, found on the driver from
     the key columns only; None when it is a job for Spark (too many rows or files, a
-    key type or a null key whose matching Spark's null-safe join must decide)."""
+    key type or a null key whose matching Spark's null-safe join must decide). The
+    keys come from `changed_key_rows`, else `changed_key_files`, else a Spark job
+    over `changed_keys` (a DataFrame, or a function that builds it)."""
     schema = table.schema()
     if not all(isinstance(schema.find_field(k).field_type, _DRIVER_MATCH_KEY_TYPES) for k in keys):
         return None
@@ -237,14 +253,19 @@ def _match_on_driver(
         return None
     if not candidates:
         return _SmallMatch([], pa.table({}))
-    if changed_key_files is not None:
+    if changed_key_rows is not None:
+        if changed_key_rows.num_rows > DRIVER_MATCH_MAX_ROWS:
+            return None
+        wanted = _with_plain_keys(changed_key_rows.select(keys), keys)
+    elif changed_key_files is not None:
         if _rows(changed_key_files) > DRIVER_MATCH_MAX_ROWS:
             return None
         wanted = _key_columns(table, changed_key_files, keys)
     else:
         # One small Spark job (the changes are cached while the batch commits), which
         # stops after the limit: more keys than that are matched by Spark.
-        wanted = changed_keys.select(*keys).limit(DRIVER_MATCH_MAX_ROWS + 1).toArrow()
+        frame = changed_keys if isinstance(changed_keys, DataFrame) else changed_keys()
+        wanted = frame.select(*keys).limit(DRIVER_MATCH_MAX_ROWS + 1).toArrow()
         if wanted.num_rows > DRIVER_MATCH_MAX_ROWS:
             return None
     if any(wanted.column(k).null_count for k in keys):
@@ -363,7 +384,9 @@ def key_bound_aggregates(table: Table, keys: list[str]) -> list[Column]:
     return aggregates
 
 
-def key_filter_from_bounds(table: Table, keys: list[str], row: Row) -> BooleanExpression:
+def key_filter_from_bounds(
+    table: Table, keys: list[str], row: Row | Mapping[str, Any]
+) -> BooleanExpression:
     """:func:`_key_range_filter` with the bounds of a row of :func:`key_bound_aggregates`
     over the changed keys; AlwaysFalse when nothing changed."""
     if row["__ms_rows"] == 0:

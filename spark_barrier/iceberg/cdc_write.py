@@ -1,0 +1,235 @@
+"""A CDC batch whose files Python workers write, in one Spark job.
+
+The general path of a CDC batch (``commit._batch_rows``) runs three Spark jobs before
+its commit: the check of the records (a null key, an unknown op) with the changed
+keys' bounds, the write of the last change per key, and the collection of the
+changed keys that tells the driver which current files to rewrite. Each job costs
+the driver its planning and scheduling whatever the batch's size: at a demo's few
+hundred rows a second, most of a batch's time.
+
+When the batch's files are written by Python workers anyway (a batch expected to be
+small: see :func:`~spark_barrier.iceberg.native_write.why_not_native`), the tasks
+that write them do the rest in the same job: each task checks its records, writes
+the upserted rows of its keys' last changes and sends the driver its changed keys
+(up to ``MAX_KEYS`` in all; past that the driver asks Spark for the keys' bounds
+and matches them in Spark, as the general path does).
+
+The answer is the general path's: the same last change per key (the records are
+partitioned by key, so a key's records, and whether any is bad, meet in one task),
+the same files, keys and bounds. A batch with a bad record commits nothing: the
+tasks that find one write no more, the driver deletes the batch's folder and raises
+:class:`~spark_barrier.iceberg.cdc.CdcInputError` naming the first bad records (a
+second Spark job, on that path only).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.expressions import BooleanExpression
+from pyiceberg.io import load_file_io
+from pyiceberg.io.pyarrow import _dataframe_to_data_files, schema_to_pyarrow
+from pyiceberg.manifest import DataFile
+from pyiceberg.table import Table
+from pyiceberg.table.metadata import TableMetadataUtil
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+
+from spark_barrier.iceberg.cdc import DELETE_OP, OP, CdcInputError, check_changes, normalized_op
+from spark_barrier.iceberg.files import (
+    _chunk_bytes,
+    _chunks,
+    _decode_data_file,
+    _encode_data_file,
+    _of_default_spec,
+    _writer_metadata,
+    column_names,
+)
+from spark_barrier.iceberg.upsert import (
+    DRIVER_MATCH_MAX_ROWS,
+    _bounded_keys,
+    key_bound_aggregates,
+    key_filter_from_bounds,
+)
+
+# The changed keys the tasks bring to the driver at most; past that, Spark matches them.
+MAX_KEYS = DRIVER_MATCH_MAX_ROWS
+_BAD = "__ms_bad"  # per record: whether its key's records hold a bad one (0 or 1)
+_ORDER, _RANK = "__ms_order", "__ms_rank"
+# One row per written file (data_file), and one summary row per task: its changed keys
+# as an Arrow IPC stream (null when none, or past the limit), how many, bad records.
+_RESULT_DDL = "data_file binary, keys binary, changed long, bad long"
+_RESULT_SCHEMA = pa.schema(
+    [
+        pa.field("data_file", pa.binary()),
+        pa.field("keys", pa.binary()),
+        pa.field("changed", pa.int64()),
+        pa.field("bad", pa.int64()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class CdcWritten:
+    """What the one job of a CDC batch gives the driver."""
+
+    files: list[DataFile]  # the upserted rows' files
+    changed_keys: pa.Table | None  # every changed key; None: too many, ask Spark
+    key_filter: BooleanExpression  # the range the changed keys lie in
+
+
+def write_cdc_batch(
+    records: DataFrame,
+    folder: str,
+    table: Table,
+    keys: list[str],
+    op_column: str,
+    order_by: str | None,
+    where: str,
+) -> CdcWritten:
+    """Check `records` (the table's columns, `op_column` and maybe `order_by`), write
+    the last change per key of the upserted keys as data files of `table` under the
+    new `folder` (Python workers), and bring back the changed keys: one Spark job.
+    Raises CdcInputError (files may be left in `folder`: the caller deletes it)."""
+    max_keys = MAX_KEYS
+    columns = column_names(table)
+    is_bad = F.lit(False)
+    for key in keys:
+        is_bad = is_bad | F.col(key).isNull()
+    is_bad = is_bad | F.col(OP).isNull()
+    ordering = [F.col(_ORDER).desc()]
+    if order_by is not None:
+        ordering.insert(0, F.col(order_by).desc_nulls_last())
+    last = Window.partitionBy(*keys).orderBy(*ordering)
+    per_key = Window.partitionBy(*keys)
+    # As cdc.last_changes: the largest order_by, then the record that came last.
+    numbered = records.select(
+        "*",
+        normalized_op(op_column).alias(OP),
+        F.monotonically_increasing_id().alias(_ORDER),
+    )
+    changes = (
+        numbered.select(
+            *columns,
+            OP,
+            F.max(is_bad.cast("long")).over(per_key).alias(_BAD),
+            F.row_number().over(last).alias(_RANK),
+        )
+        .where(F.col(_RANK) == 1)
+        .drop(_RANK)
+    )
+    task = functools.partial(
+        _cdc_task,
+        metadata_json=_writer_metadata(table, folder),
+        io_properties=dict(table.io.properties),
+        arrow_schema=schema_to_pyarrow(table.schema(), include_field_ids=False),
+        key_positions=[columns.index(k) for k in keys],
+        max_keys=max_keys,
+    )
+    results = changes.mapInArrow(task, _RESULT_DDL).collect()
+    if sum(row["bad"] or 0 for row in results):
+        check_changes(records, keys, op_column, where)  # raises, naming the records
+        raise CdcInputError(
+            f"{where}: change records that cannot be applied; nothing was committed"
+        )
+    files = [_decode_data_file(r["data_file"]) for r in results if r["data_file"] is not None]
+    changed = sum(row["changed"] or 0 for row in results)
+    if changed > max_keys:
+        bounds = records.agg(*key_bound_aggregates(table, keys)).collect()[0]
+        return CdcWritten(
+            _of_default_spec(files, table), None, key_filter_from_bounds(table, keys, bounds)
+        )
+    parts = [_from_ipc(r["keys"]) for r in results if r["keys"] is not None]
+    found = pa.concat_tables(parts) if parts else None
+    return CdcWritten(
+        _of_default_spec(files, table),
+        found,
+        key_filter_from_bounds(table, keys, _bounds(table, keys, found)),
+    )
+
+
+def _bounds(table: Table, keys: list[str], found: pa.Table | None) -> dict[str, Any]:
+    """The row of :func:`~spark_barrier.iceberg.upsert.key_bound_aggregates` over the
+    changed keys (no null among them: a null key is a bad record)."""
+    rows = 0 if found is None else found.num_rows
+    row: dict[str, Any] = {"__ms_rows": rows}
+    for i, key in enumerate(_bounded_keys(table, keys)):
+        assert found is not None or rows == 0
+        bounds = pc.min_max(found.column(key)) if found is not None else None
+        row[f"__ms_min_{i}"] = bounds["min"].as_py() if bounds is not None else None
+        row[f"__ms_max_{i}"] = bounds["max"].as_py() if bounds is not None else None
+        row[f"__ms_known_{i}"] = rows
+    return row
+
+
+def _cdc_task(
+    batches: Iterator[pa.RecordBatch],
+    *,
+    metadata_json: str,
+    io_properties: dict[str, str],
+    arrow_schema: pa.Schema,
+    key_positions: Sequence[int],
+    max_keys: int,
+) -> Iterator[pa.RecordBatch]:
+    """One Spark task of :func:`write_cdc_batch` (runs on an executor). Its records
+    arrive as the table's columns, then the op, then the bad-key flag."""
+    metadata = TableMetadataUtil.parse_raw(metadata_json)
+    io = load_file_io(io_properties, metadata.location)
+    write_uuid, counter = uuid.uuid4(), itertools.count()
+    width = len(arrow_schema)
+    seen: dict[str, Any] = {"bad": 0, "changed": 0, "keys": []}
+
+    def upserted() -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            bad = pc.sum(batch.column(width + 1)).as_py() or 0
+            if bad:
+                seen["bad"] += bad
+                return  # nothing of the batch is committed: write no more
+            seen["changed"] += batch.num_rows
+            if seen["changed"] <= max_keys:
+                seen["keys"].append(batch.select(list(key_positions)))
+            kept = batch.filter(pc.not_equal(batch.column(width), DELETE_OP))
+            if kept.num_rows:
+                yield kept.select(list(range(width)))
+
+    for chunk in _chunks(upserted(), arrow_schema, _chunk_bytes(metadata)):
+        for data_file in _dataframe_to_data_files(metadata, chunk, io, write_uuid, counter):
+            yield _result_row(data_file=_encode_data_file(data_file))
+    keys = None
+    if seen["keys"] and not seen["bad"] and seen["changed"] <= max_keys:
+        keys = _to_ipc(pa.Table.from_batches(seen["keys"]))
+    yield _result_row(keys=keys, changed=seen["changed"], bad=seen["bad"])
+
+
+def _result_row(
+    data_file: bytes | None = None, keys: bytes | None = None, changed: int = 0, bad: int = 0
+) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([data_file], pa.binary()),
+            pa.array([keys], pa.binary()),
+            pa.array([changed], pa.int64()),
+            pa.array([bad], pa.int64()),
+        ],
+        schema=_RESULT_SCHEMA,
+    )
+
+
+def _to_ipc(rows: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, rows.schema) as writer:
+        writer.write_table(rows)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def _from_ipc(blob: Any) -> pa.Table:
+    return pa.ipc.open_stream(pa.py_buffer(bytes(blob))).read_all()
