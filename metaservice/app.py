@@ -59,7 +59,7 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        db = Database(settings.db_url)
+        db = Database(settings.db_url, max_transactions=settings.max_transactions)
         app.state.services = Services(
             ctx=Context(settings=settings, clock=clock or SystemClock()), db=db
         )

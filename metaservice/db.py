@@ -31,6 +31,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from metaservice.settings import DEFAULT_MAX_TRANSACTIONS
+
 log = logging.getLogger("metaservice.db")
 
 T = TypeVar("T")
@@ -58,8 +60,9 @@ PING_AFTER_IDLE_S = 1.0
 # fleet of issue 13: with 40 at once, the one Python process's threads took turns at
 # the GIL in the middle of their transactions, and PostgreSQL saw 15-20 sessions *idle
 # in transaction*, their row locks held while Python served the others; every lock was
-# held longer the more requests came, and the queues behind the locks grew.
-MAX_TRANSACTIONS = 6
+# held longer the more requests came, and the queues behind the locks grew. The
+# service's setting ``max_transactions`` (default: this) overrides it.
+MAX_TRANSACTIONS = DEFAULT_MAX_TRANSACTIONS
 
 # Priorities of units of work (lower first): what a running job waits for before its
 # batch can go on (its barrier, its commit report, the offline grant that lets its

@@ -39,6 +39,10 @@ class ConfigFileError(ValueError):
     """The config file is missing, is not TOML, or has an unknown key or a wrong value."""
 
 
+# Transactions one service process runs at once (see metaservice.db for why 6).
+DEFAULT_MAX_TRANSACTIONS = 6
+
+
 class Settings(BaseSettings):
     """Everything the service can be told. Every field has a default that works on a fresh machine.
 
@@ -82,6 +86,13 @@ class Settings(BaseSettings):
         ge=0,
         description="Expire every table's unused snapshots on this period, in the "
         "background (0: off; `metaservice start --expire-every 10m`).",
+    )
+    max_transactions: int = Field(
+        DEFAULT_MAX_TRANSACTIONS,
+        gt=0,
+        description="Database transactions one service process runs at once; the others "
+        "wait their turn: batch barriers, commit reports and offline grants first, then "
+        "next-barrier polls, then the rest (every 8th turn to the longest waiter).",
     )
     max_body_bytes: int = Field(8 * 1024 * 1024, gt=0)
     max_tables_per_query: int = Field(1000, gt=0)

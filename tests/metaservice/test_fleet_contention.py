@@ -20,8 +20,10 @@ from typing import Any
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
+from metaservice.app import create_app
 from metaservice.db import NORMAL, OLDEST_EVERY, POLL, URGENT, Database, _Turns
 from metaservice.migrate import upgrade
+from metaservice.settings import Settings
 from tests.metaservice.helpers import SLOT, barrier, commit, custom_client, get_json, put_job
 
 
@@ -219,3 +221,32 @@ def test_a_unit_of_work_inside_another_does_not_wait_for_a_second_turn(sqlite_ur
         assert asyncio.run(from_the_loop()) == 2
     finally:
         db.dispose()
+
+
+def test_the_services_setting_bounds_its_transactions(sqlite_url, clock):
+    """``max_transactions=1``: while one unit of work runs, a request waits for its turn,
+    and is answered once that unit ends."""
+    upgrade(sqlite_url)
+    settings = Settings(db_url=sqlite_url, max_transactions=1)
+    with TestClient(create_app(settings, clock)) as client:
+        db = client.app.state.services.db  # type: ignore[attr-defined]
+        started, release = threading.Event(), threading.Event()
+
+        def hold_the_only_turn(_session: Any) -> None:
+            started.set()
+            release.wait(10)
+
+        holder = threading.Thread(target=db.read, args=(hold_the_only_turn,), daemon=True)
+        holder.start()
+        assert started.wait(5)
+        answers: list[Any] = []
+        asking = threading.Thread(
+            target=lambda: answers.append(client.get("/api/v1/jobs")), daemon=True
+        )
+        asking.start()
+        asking.join(timeout=0.5)
+        assert not answers, "the request ran beside the unit of work holding the only turn"
+        release.set()
+        asking.join(timeout=10)
+        holder.join(timeout=10)
+        assert answers and answers[0].status_code == 200, answers
