@@ -160,3 +160,19 @@ def custom_client(db_url: str, clock: ManualClock, **settings: Any) -> Iterator[
     app = create_app(Settings(db_url=db_url, **settings), clock)
     with TestClient(app, raise_server_exceptions=False) as c:
         yield c
+
+
+@contextmanager
+def locked_for_update(db_url: str, select: str, **params: Any) -> Iterator[None]:
+    """The rows of ``select`` (PostgreSQL, a ``... FOR UPDATE``) locked by another
+    transaction until the block ends."""
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            conn.execute(text(select), params)
+            try:
+                yield
+            finally:
+                conn.rollback()
+    finally:
+        engine.dispose()

@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import sqlalchemy as sa
@@ -24,7 +24,15 @@ from metaservice.app import create_app
 from metaservice.db import NORMAL, OLDEST_EVERY, POLL, URGENT, Database, _Turns
 from metaservice.migrate import upgrade
 from metaservice.settings import Settings
-from tests.metaservice.helpers import SLOT, barrier, commit, custom_client, get_json, put_job
+from tests.metaservice.helpers import (
+    SLOT,
+    barrier,
+    commit,
+    custom_client,
+    get_json,
+    locked_for_update,
+    put_job,
+)
 
 
 def next_barrier(client: TestClient, job: str, **params: Any) -> Any:
@@ -56,19 +64,9 @@ def stored_frontier(db_url: str, job: str) -> int:
         engine.dispose()
 
 
-@contextmanager
-def job_row_locked(db_url: str, job: str) -> Iterator[None]:
+def job_row_locked(db_url: str, job: str) -> AbstractContextManager[None]:
     """One job's row locked by another transaction until the block ends."""
-    engine = sa.create_engine(db_url)
-    try:
-        with engine.connect() as conn:
-            conn.execute(sa.text("SELECT id FROM jobs WHERE name = :n FOR UPDATE"), {"n": job})
-            try:
-                yield
-            finally:
-                conn.rollback()
-    finally:
-        engine.dispose()
+    return locked_for_update(db_url, "SELECT id FROM jobs WHERE name = :n FOR UPDATE", n=job)
 
 
 def test_a_round_does_not_wait_for_a_locked_idle_source_and_decides_without_it(pg_url, clock):

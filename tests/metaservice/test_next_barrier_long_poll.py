@@ -14,12 +14,19 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from metaservice.barriers import endpoints
 from metaservice.migrate import upgrade
-from tests.metaservice.helpers import SLOT, commit, custom_client, get_json, put_job, run_batch
+from tests.metaservice.helpers import (
+    SLOT,
+    commit,
+    custom_client,
+    get_json,
+    locked_for_update,
+    put_job,
+    run_batch,
+)
 from tests.metaservice.test_statement_counts import counting
 
 
@@ -100,16 +107,8 @@ def rows_locked(db_url: str) -> Iterator[None]:
             conn.execute("ROLLBACK")
             conn.close()
         return
-    engine = sa.create_engine(db_url)
-    try:
-        with engine.connect() as conn:
-            conn.execute(sa.text("SELECT id FROM jobs ORDER BY id FOR UPDATE"))
-            try:
-                yield
-            finally:
-                conn.rollback()
-    finally:
-        engine.dispose()
+    with locked_for_update(db_url, "SELECT id FROM jobs ORDER BY id FOR UPDATE"):
+        yield
 
 
 def test_a_long_poll_for_a_fixed_plan_takes_no_row_lock(client, clock, db_url):
