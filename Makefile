@@ -26,8 +26,9 @@ demo: install
 # in one process, since they share one SparkSession and one cluster and each JVM wants
 # both cores. On two cores the first run took 10:27 with 2 workers against 16:06 in one
 # process (side by side, another test run beside both); a clean clone's .ci/run took
-# 15:20 in all (7:08 + 8:03; 19:36 in an earlier, busier run). TEST_WORKERS=0 runs the first part in this process. Exit status 5 (no test
-# selected) counts as success.
+# 21:33 in all on 2026-11-27 (11:17 + 10:16; 32 min in a slower hour the day before).
+# TEST_WORKERS=0 runs the first part in this process. Exit status 5 (no test selected)
+# counts as success.
 TEST_WORKERS ?= 2
 test: install
 	@export METASERVICE_TEST_PG_URL=$${METASERVICE_TEST_PG_URL:-$(PG_URL)}; \
