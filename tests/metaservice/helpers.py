@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -130,6 +131,18 @@ def get_json(client: TestClient, path: str, **params: Any) -> Any:
     r = client.get(f"{API}{path}", params=params)
     assert r.status_code == 200, r.text
     return r.json()
+
+
+def next_barrier(client: TestClient, job: str, **params: Any) -> Any:
+    return get_json(client, f"/jobs/{job}/next-barrier", **params)
+
+
+def in_thread(call: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    """``call()`` started in a daemon thread; the list gets its answer."""
+    answers: list[Any] = []
+    thread = threading.Thread(target=lambda: answers.append(call()), daemon=True)
+    thread.start()
+    return thread, answers
 
 
 def consistent(client: TestClient, tables: str, **params: Any) -> Any:

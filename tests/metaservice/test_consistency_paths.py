@@ -22,15 +22,12 @@ from tests.metaservice.helpers import (
     commit,
     consistent,
     get_json,
+    next_barrier,
     put_job,
     report,
     run_batch,
     unchanged,
 )
-
-
-def next_barrier(client, job, **params):
-    return get_json(client, f"/jobs/{job}/next-barrier", **params)
 
 
 def ask(client, job, batch_id, **body):

@@ -29,22 +29,17 @@ from tests.metaservice.helpers import (
     barrier,
     commit,
     custom_client,
-    get_json,
+    in_thread,
     locked_for_update,
+    next_barrier,
     put_job,
 )
 
 
-def next_barrier(client: TestClient, job: str, **params: Any) -> Any:
-    return get_json(client, f"/jobs/{job}/next-barrier", **params)
-
-
 def answered_within(seconds: float, call: Callable[[], Any]) -> Any:
     """``call()`` in a thread; its answer, asserted to come within ``seconds``."""
-    answers: list[Any] = []
-    thread = threading.Thread(target=lambda: answers.append(call()), daemon=True)
     started = time.monotonic()
-    thread.start()
+    thread, answers = in_thread(call)
     thread.join(timeout=10)
     took = time.monotonic() - started
     assert answers, "no answer in 10 s: the call waited for a locked row"

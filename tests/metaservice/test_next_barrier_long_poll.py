@@ -7,9 +7,8 @@ again shortly)."""
 from __future__ import annotations
 
 import sqlite3
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -22,23 +21,13 @@ from tests.metaservice.helpers import (
     SLOT,
     commit,
     custom_client,
-    get_json,
+    in_thread,
     locked_for_update,
+    next_barrier,
     put_job,
     run_batch,
 )
 from tests.metaservice.test_statement_counts import counting
-
-
-def next_barrier(client: TestClient, job: str, **params: Any) -> Any:
-    return get_json(client, f"/jobs/{job}/next-barrier", **params)
-
-
-def in_thread(call: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
-    answers: list[Any] = []
-    thread = threading.Thread(target=lambda: answers.append(call()), daemon=True)
-    thread.start()
-    return thread, answers
 
 
 def two_layers(client: TestClient, clock: Any) -> int:
