@@ -105,6 +105,9 @@ API = "/api/v1"
 INTERVAL_MS = 1000
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 WRITE_JOBS = 64
+# Extra arguments for every service's uvicorn (--uvicorn-http, --uvicorn-loop); without
+# them uvicorn picks httptools and uvloop when they are installed (its "auto").
+UVICORN_ARGS: list[str] = []
 
 
 # --------------------------------------------------------------------------- machine
@@ -131,12 +134,15 @@ def machine_facts(pg_base: str | None, dbs: list[str]) -> dict[str, Any]:
                 "fastapi",
                 "starlette",
                 "uvicorn",
+                "httptools",  # uvicorn's HTTP parser when installed, else h11
+                "uvloop",  # uvicorn's event loop when installed, else asyncio
                 "sqlalchemy",
                 "psycopg",
                 "httpx",
                 "pydantic",
             )
         },
+        "uvicorn_args": UVICORN_ARGS,
         "loadavg_at_start": _loadavg(),
         "calibration_ms_at_start": calibration_ms(),
         "cpu_share_at_start": cpu_share(),
@@ -236,7 +242,7 @@ def service(
     env.update(env_extra or {})
     cmd = [sys.executable, "-m", "uvicorn", "--factory", "metaservice.app:create_app"]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-    cmd += ["--workers", str(workers)]
+    cmd += ["--workers", str(workers), *UVICORN_ARGS]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT)
     server = Server(f"http://127.0.0.1:{port}", proc, log)
@@ -268,9 +274,15 @@ def service(
         print(f"  ! the service logged errors, see {log}:\n{text_log[-2000:]}", file=sys.stderr)
 
 
-def in_threads(n: int, base_url: str, work: Callable[[int, httpx.Client], None]) -> float:
-    """Run ``work(i, client)`` in n threads started together; seconds until all finished."""
-    start = threading.Barrier(n + 1)
+def in_threads(
+    n: int,
+    base_url: str,
+    work: Callable[[int, httpx.Client], None],
+    at_start: Callable[[], None] | None = None,
+) -> float:
+    """Run ``work(i, client)`` in n threads started together; seconds until all finished.
+    ``at_start`` runs once every thread is connected, as the clock starts."""
+    start = threading.Barrier(n + 1, action=at_start)
     errors: list[BaseException] = []
 
     def run(i: int) -> None:
@@ -431,15 +443,27 @@ def _for_a_while(seconds: float, step: Callable[[], int]) -> int:
     return requests
 
 
-def _rate(server: Server, seconds: float, step_of: Callable[[int, httpx.Client], Any]) -> float:
-    """Requests per second of 16 clients, client i looping ``step_of(i, http)()``."""
+def _rate(
+    server: Server, seconds: float, step_of: Callable[[int, httpx.Client], Any]
+) -> tuple[float, float | None]:
+    """Requests per second of 16 clients, client i looping ``step_of(i, http)()``, and
+    the service's CPU per request meanwhile (ms; None with several workers)."""
     counts = [0] * CYCLE_CLIENTS
+    cpu: list[float | None] = []
 
     def work(i: int, http: httpx.Client) -> None:
         counts[i] = _for_a_while(seconds, step_of(i, http))
 
-    elapsed = in_threads(CYCLE_CLIENTS, server.url, work)
-    return sum(counts) / elapsed
+    def start_meter() -> None:
+        cpu.append(_proc_cpu_s(server.proc.pid))
+
+    elapsed = in_threads(CYCLE_CLIENTS, server.url, work, start_meter)
+    after = _proc_cpu_s(server.proc.pid)
+    total = sum(counts)
+    per_request = None
+    if cpu and cpu[0] is not None and after is not None and total:
+        per_request = (after - cpu[0]) * 1000 / total
+    return total / elapsed, per_request
 
 
 class _SourceLoop:
@@ -520,14 +544,43 @@ def bench_cycles(server: Server, db: str, quick: bool) -> list[dict[str, Any]]:
     def poll(i: int, http: httpx.Client) -> Callable[[], int]:
         return lambda: (_ok(http.get(f"/jobs/cn{i:02d}/next-barrier")), 1)[1]
 
-    floor = _rate(server, seconds, healthz)
-    rows = [{"db": db, "what": "GET /healthz", "clients": CYCLE_CLIENTS, "requests_per_s": floor}]
+    def events(minimal: bool) -> Callable[[int, httpx.Client], Callable[[], int]]:
+        # The listener's progress event; with Prefer: return=minimal as spark_barrier
+        # sends it (a service that ignores the preference answers the job's view).
+        headers = {"Prefer": "return=minimal"} if minimal else {}
+
+        def step_of(i: int, http: httpx.Client) -> Callable[[], int]:
+            path = f"/jobs/cs{i:02d}/events"
+            body = {"event": "progress", "run_id": "bench", "batch_id": 1, "num_input_rows": 1}
+
+            def step() -> int:
+                response = http.post(path, json=body, headers=headers)
+                if response.status_code >= 300:
+                    raise RuntimeError(f"{path}: {response.status_code} {response.text[:300]}")
+                return 1
+
+            return step
+
+        return step_of
+
+    floor, floor_cpu = _rate(server, seconds, healthz)
+    rows = [
+        {
+            "db": db,
+            "what": "GET /healthz",
+            "clients": CYCLE_CLIENTS,
+            "requests_per_s": floor,
+            "service_cpu_ms_per_request": floor_cpu,
+        }
+    ]
     for what, step_of, goal in (
         ("source batch cycles (barrier + report)", source, 0.5),
         ("derived batch cycles (source, next-barrier, barrier, report)", derived, 0.5),
         ("next-barrier polls, inputs idle", poll, 0.8),
+        ("listener events (POST /jobs/{job}/events)", events(False), None),
+        ("listener events, Prefer: return=minimal", events(True), None),
     ):
-        rate = _rate(server, seconds, step_of)
+        rate, cpu_ms = _rate(server, seconds, step_of)
         rows.append(
             {
                 "db": db,
@@ -536,25 +589,27 @@ def bench_cycles(server: Server, db: str, quick: bool) -> list[dict[str, Any]]:
                 "requests_per_s": rate,
                 "of_healthz": rate / floor,
                 "goal_of_healthz": goal,
+                "service_cpu_ms_per_request": cpu_ms,
             }
         )
     rows[2]["derived_batches_per_s"] = sum(loop.batch for loop in loops) / seconds
-    floor_after = _rate(server, seconds, healthz)
+    floor_after, floor_after_cpu = _rate(server, seconds, healthz)
     rows.append(
         {
             "db": db,
             "what": "GET /healthz, again",
             "clients": CYCLE_CLIENTS,
             "requests_per_s": floor_after,
+            "service_cpu_ms_per_request": floor_after_cpu,
         }
     )
     for r in rows:
-        share = (
-            f"  {r['of_healthz']:.2f} of /healthz (goal {r['goal_of_healthz']})"
-            if "of_healthz" in r
-            else ""
-        )
-        print(f"  {r['what']:62} {r['requests_per_s']:8,.0f} req/s{share}")
+        share = f"  {r['of_healthz']:.2f} of /healthz" if "of_healthz" in r else ""
+        if r.get("goal_of_healthz") is not None:
+            share += f" (goal {r['goal_of_healthz']})"
+        cpu = r["service_cpu_ms_per_request"]
+        cpu_text = f"  service CPU {cpu:.2f} ms/request" if cpu is not None else ""
+        print(f"  {r['what']:62} {r['requests_per_s']:8,.0f} req/s{share}{cpu_text}")
     return rows
 
 
@@ -1404,8 +1459,8 @@ class _Recorder:
     async def call(
         self, what: str, request: Any, expected: tuple[str, ...] = ()
     ) -> dict[str, Any] | None:
-        """Await ``request`` (an httpx coroutine); its JSON, or None after an error. A 409
-        whose code is ``expected`` is an answer (its JSON), not an error."""
+        """Await ``request`` (an httpx coroutine); its JSON ({} for 204), or None after an
+        error. A 409 whose code is ``expected`` is an answer (its JSON), not an error."""
         t0 = time.time()
         try:
             response = await request
@@ -1422,6 +1477,8 @@ class _Recorder:
         if response.status_code >= 300:
             self.errors.append(f"{what}: {response.status_code} {response.text[:300]}")
             return None
+        if response.status_code == 204:
+            return {}  # Prefer: return=minimal, answered with no body
         return response.json()  # type: ignore[no-any-return]
 
 
@@ -1454,6 +1511,9 @@ class _Sender:
         self.task.cancel()
 
 
+MINIMAL = {"Prefer": "return=minimal"}
+
+
 @dataclass
 class _FleetJob:
     """One simulated driver: a job of the fleet's topology, and what it did."""
@@ -1479,7 +1539,8 @@ class _FleetJob:
         self.listener = _Sender(
             rec,
             "listener event (POST /jobs/{job}/events)",
-            lambda items: http.post(f"/jobs/{job}/events", json=items[0]),
+            # As spark_barrier's listener sends them: no job view back (204).
+            lambda items: http.post(f"/jobs/{job}/events", json=items[0], headers=MINIMAL),
             together=False,
         )
         self.listener.queue.put_nowait({"event": "started", "run_id": self.query_id})
@@ -2073,6 +2134,18 @@ def main() -> None:
         help="fleet, replicas: the derived jobs' next-barrier long poll",
     )
     parser.add_argument(
+        "--uvicorn-http",
+        choices=("auto", "h11", "httptools"),
+        default=None,
+        help="the services' HTTP parser (default: uvicorn's auto, httptools when installed)",
+    )
+    parser.add_argument(
+        "--uvicorn-loop",
+        choices=("auto", "asyncio", "uvloop"),
+        default=None,
+        help="the services' event loop (default: uvicorn's auto, uvloop when installed)",
+    )
+    parser.add_argument(
         "--label", default="latest", help="growth: the name these runs are kept under"
     )
     parser.add_argument(
@@ -2089,6 +2162,10 @@ def main() -> None:
         help="first wait up to this long for the load average to drop below the core count",
     )
     args = parser.parse_args()
+    if args.uvicorn_http:
+        UVICORN_ARGS.extend(["--http", args.uvicorn_http])
+    if args.uvicorn_loop:
+        UVICORN_ARGS.extend(["--loop", args.uvicorn_loop])
     wait_for_idle(args.wait_for_idle)
     dbs = ["sqlite", "postgres"] if args.db == "both" else [args.db]
     if args.part in ("fleet", "replicas"):
