@@ -38,6 +38,7 @@ from metaservice.ops.endpoints import router as ops_router
 from metaservice.revisions.endpoints import router as revisions_router
 from metaservice.schemas_common import error_responses
 from metaservice.settings import Settings
+from metaservice.topology.endpoints import events as topology_events_router
 from metaservice.topology.endpoints import router as topology_router
 from metaservice.ui import install_console
 from metaservice.versions.endpoints import router as versions_router
@@ -89,6 +90,7 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
     )
     for router in (
         topology_router,
+        topology_events_router,
         barriers_router,
         barrier_writes_router,
         versions_router,

@@ -192,8 +192,18 @@ class MetaServiceClient:
         return _all_pages(lambda off: self.list_jobs(limit=500, offset=off))
 
     def job_event(self, name: str, event: JobEvent) -> JobView:
+        """Record a listener event of the job's query; answers the job's view."""
         body = event.model_dump(exclude_none=True)
         return JobView.model_validate(self._request("POST", f"/jobs/{name}/events", json=body))
+
+    def send_job_event(self, name: str, event: JobEvent) -> None:
+        """Record a listener event without asking for the job's view back (``Prefer:
+        return=minimal``, answered 204): what the Spark listener sends, since building
+        the view costs the service more than recording the event. A MetaService that
+        does not know the preference answers the view, which is dropped."""
+        body = event.model_dump(exclude_none=True)
+        headers = {"Prefer": "return=minimal"}
+        self._request("POST", f"/jobs/{name}/events", json=body, headers=headers)
 
     def get_table(self, name: str) -> TableView:
         return self._get(TableView, f"/tables/{name}")

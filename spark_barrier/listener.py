@@ -90,7 +90,7 @@ class BarrierListener(StreamingQueryListener):
                 return
             name, event = item
             try:
-                self.client.job_event(name, event)
+                self.client.send_job_event(name, event)  # no job view back: 204
             except MetaServiceError as exc:
                 log.debug("could not report %s of %s: %s", event.event, name, exc)
             finally:

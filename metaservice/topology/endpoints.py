@@ -1,10 +1,11 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Path, Query, Response
+from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
+from pydantic import BaseModel
 
 from metaservice.auth.schemas import Role
 from metaservice.barriers.schemas import MAX_SIGNED_64
-from metaservice.deps import Paging, Services, paging, require, services
+from metaservice.deps import Paging, Services, paging, require, services, services_of
 from metaservice.names import JOB_PATTERN
 from metaservice.schemas_common import Page, error_responses
 from metaservice.topology import service
@@ -19,7 +20,32 @@ from metaservice.topology.schemas import (
 )
 
 router = APIRouter(tags=["topology"], dependencies=[require(Role.READER)])
+# Listener events: after a batch's barrier and report, the most frequent request of a
+# running job. As the hot barrier routes: the writer role only, async, the answer
+# serialised by its own model (issue 13).
+events = APIRouter(tags=["topology"], dependencies=[require(Role.WRITER)])
 JobName = Path(description="Job name", pattern=JOB_PATTERN)
+
+# RFC 7240's preference for an answer without a representation.
+RETURN_MINIMAL = "return=minimal"
+
+
+def wants_minimal(prefer: str | None) -> bool:
+    """Whether a ``Prefer`` header asks for ``return=minimal`` (RFC 7240: preferences
+    separated by commas, each with optional ``;`` parameters; names case-insensitive)."""
+    if not prefer:
+        return False
+    for preference in prefer.split(","):
+        token, _, value = preference.split(";", 1)[0].partition("=")
+        if token.strip().lower() == "return" and value.strip().strip('"').lower() == "minimal":
+            return True
+    return False
+
+
+def _json(model: BaseModel) -> Response:
+    """The model as JSON, without FastAPI's validation of a returned model against the
+    route's ``response_model`` (the route declares it for the docs)."""
+    return Response(model.__pydantic_serializer__.to_json(model), media_type="application/json")
 
 
 @router.put(
@@ -49,15 +75,50 @@ def get_job(job: str, s: Services = Depends(services)) -> JobView:
     return s.db.read(lambda session: service.get_job(session, s.ctx, job))
 
 
-@router.post(
+@events.post(
     "/jobs/{job}/events",
     response_model=JobView,
-    responses=error_responses(400, 404, 413),
-    dependencies=[require(Role.WRITER)],
+    responses={
+        204: {
+            "description": "Recorded, without the job's view: the answer to "
+            "`Prefer: return=minimal`",
+            "headers": {
+                "Preference-Applied": {
+                    "description": "`return=minimal`",
+                    "schema": {"type": "string"},
+                }
+            },
+        },
+        **error_responses(400, 404, 413),
+    },
 )
-def job_event(job: str, event: JobEvent, s: Services = Depends(services)) -> JobView:
-    """Liveness and progress of a job's streaming query (sent by the Spark listener)."""
-    return s.db.write(lambda session: service.record_event(session, s.ctx, job, event))
+async def job_event(
+    http: Request,
+    job: str,
+    event: JobEvent,
+    prefer: str | None = Header(
+        None,
+        description="`return=minimal` (RFC 7240): answer 204 with no body instead of the "
+        "job's view, which costs the service more than recording the event. The Spark "
+        "listener sends it; without it the answer is 200 with the view",
+        examples=[RETURN_MINIMAL],
+    ),
+) -> Response:
+    """Liveness and progress of a job's streaming query (sent by the Spark listener).
+
+    Answers the job's view (200), or with `Prefer: return=minimal` nothing (204, with
+    `Preference-Applied: return=minimal`).
+    """
+    s = services_of(http)
+    if wants_minimal(prefer):
+        await s.db.write_async(lambda session: service.record_event(session, s.ctx, job, event))
+        return Response(status_code=204, headers={"Preference-Applied": RETURN_MINIMAL})
+    view = await s.db.write_async(
+        lambda session: service.job_view(
+            session, s.ctx, service.record_event(session, s.ctx, job, event)
+        )
+    )
+    return _json(view)
 
 
 @router.delete(

@@ -431,11 +431,15 @@ def table_snapshots(
     return Page(items=items, total=total, limit=limit, offset=offset)
 
 
-def record_event(session: Session, ctx: Context, name: str, event: JobEvent) -> JobView:
-    """Liveness from the Spark listener: status, last progress, last seen."""
+def record_event(session: Session, ctx: Context, name: str, event: JobEvent) -> Job:
+    """Liveness from the Spark listener: status, last progress, last seen. Returns the
+    job's row; its view (:func:`job_view`: edges, frontier) costs more statements than
+    recording the event, so the endpoint builds it only for callers that want it."""
     job = repo.require_job(session, name)
     job.status = {"started": "running", "progress": "running"}.get(event.event, event.event)
+    # Through the ORM, not a plain UPDATE: the OpenLineage emitter sees a listener event
+    # in the flush (metaservice/openlineage/emit.py).
     job.last_event = json.dumps(event.model_dump(exclude_none=True))
     job.last_seen_ms = ctx.now_ms()
     session.flush()
-    return job_view(session, ctx, job)
+    return job

@@ -289,6 +289,70 @@ def test_job_event_bad_body_gives_422_and_changes_nothing(client, db_url):
             assert_error(r, 422, "invalid_request", field=field)
 
 
+MINIMAL = {"Prefer": "return=minimal"}
+
+
+def test_job_event_with_prefer_return_minimal_answers_204_and_records_it(client, clock):
+    put_job(client, "src", ["ods.orders"])
+    clock.advance(1234)
+    body = {"event": "progress", "run_id": "r1", "batch_id": 4, "num_input_rows": 10}
+    r = client.post(f"{API}/jobs/src/events", json=body, headers=MINIMAL)
+    assert r.status_code == 204
+    assert r.content == b""
+    assert r.headers["preference-applied"] == "return=minimal"
+    view = get_json(client, "/jobs/src")
+    assert (view["status"], view["last_seen_ms"]) == ("running", T0 + 1234)
+    r = client.post(f"{API}/jobs/src/events", json={"event": "failed"}, headers=MINIMAL)
+    assert r.status_code == 204
+    assert get_json(client, "/jobs/src")["status"] == "failed"
+
+
+def test_job_event_answers_the_view_unless_the_preference_is_return_minimal(client):
+    put_job(client, "src", ["ods.orders"])
+    full = {"event": "started", "run_id": "r1"}
+    for prefer, status in [
+        ("return=representation", 200),
+        ("respond-async", 200),
+        ("return=minimal-ish", 200),
+        ("respond-async, RETURN = Minimal", 204),
+        ('return="minimal"; x=1', 204),
+    ]:
+        r = client.post(f"{API}/jobs/src/events", json=full, headers={"Prefer": prefer})
+        assert r.status_code == status, prefer
+        if status == 200:
+            assert r.json() == get_json(client, "/jobs/src")
+            assert "preference-applied" not in r.headers
+
+
+def test_job_event_with_return_minimal_still_refuses_unknown_jobs_and_bad_bodies(client, db_url):
+    put_job(client, "src", ["ods.orders"])
+    with unchanged(db_url):
+        r = client.post(f"{API}/jobs/nope/events", json={"event": "started"}, headers=MINIMAL)
+        assert_error(r, 404, "not_found")
+        r = client.post(f"{API}/jobs/src/events", json={"event": "exploded"}, headers=MINIMAL)
+        assert_error(r, 422, "invalid_request", field="event")
+
+
+def test_job_event_with_return_minimal_still_queues_its_openlineage_event(db_url, clock):
+    # Nobody listens on the port: the event stays queued, which is what this checks.
+    with custom_client(db_url, clock, openlineage_url="http://127.0.0.1:9") as c:
+        put_job(c, "src", ["ods.orders"])
+        run = "5b0f3c4e-7d55-4a4b-9b7e-0a6c1d1f2e3a"
+        body = {"event": "started", "run_id": run}
+        r = c.post(f"{API}/jobs/src/events", json=body, headers=MINIMAL)
+        assert r.status_code == 204
+        queued = db_state(db_url)["openlineage_outbox"]
+    assert [(row[1], row[2]) for row in queued] == [("src", "START")]
+
+
+def test_openapi_documents_the_return_minimal_preference_of_job_events(client):
+    operation = client.get("/openapi.json").json()["paths"]["/api/v1/jobs/{job}/events"]["post"]
+    (prefer,) = [p for p in operation["parameters"] if p["in"] == "header"]
+    assert prefer["name"] == "prefer" and "return=minimal" in prefer["description"]
+    assert {"200", "204"} <= set(operation["responses"])
+    assert "Preference-Applied" in operation["responses"]["204"]["headers"]
+
+
 # -- GET /tables, GET /tables/{table} -----------------------------------------------------
 
 

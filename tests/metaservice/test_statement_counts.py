@@ -40,6 +40,9 @@ BOUNDS: dict[str, tuple[int, int]] = {
     # measured in five runs).
     "consistent version, 50 tables, sealing": (463, 462),
     "tables, a page of 50": (7, 6),
+    # the job's row read and updated; the view adds its edges and frontier
+    "listener event": (6, 5),
+    "listener event, return=minimal": (3, 2),
 }
 # How much a batched report request may grow from 10 to 100 reports (10 jobs): not at
 # all (set-based reads, then one INSERT and executemany UPDATEs as plain statements; the
@@ -264,3 +267,27 @@ def test_a_page_of_tables_costs_what_two_tables_cost(client, clock, db_url):
         assert newest[t["name"]] == (snaps[-1]["snapshot_id"], snaps[-1]["barrier"])
     check(client, db_url, "tables, a page of 50", n_page)
     assert n_page == n_two, (n_two, n_page)
+
+
+def test_listener_event_costs_less_without_the_job_view(client, clock, db_url):
+    """The Spark listener asks for no view back (``Prefer: return=minimal``): the event
+    is the job's row read and updated; the view adds the edges and the frontier."""
+    _derived_pipeline(client, clock)
+    for batch_id in range(2):
+        _derived_step(client, clock, batch_id)
+    sent = iter(range(1_000))
+
+    def event(job: str, headers: dict[str, str]) -> int:
+        # a new batch id each time: the row changes, as with a running query's progress
+        body = {"event": "progress", "run_id": "r1", "batch_id": next(sent)}
+        r = client.post(f"{API}/jobs/{job}/events", json=body, headers=headers)
+        assert r.status_code == (204 if headers else 200), r.text
+        return r.status_code
+
+    for job in ("src", "der"):
+        event(job, {})  # warm up
+        _, n_view = counted(client, lambda job=job: event(job, {}))
+        _, n_minimal = counted(client, lambda job=job: event(job, {"Prefer": "return=minimal"}))
+        check(client, db_url, "listener event", n_view)
+        check(client, db_url, "listener event, return=minimal", n_minimal)
+        assert n_minimal < n_view, (job, n_minimal, n_view)
