@@ -20,6 +20,12 @@ Afterwards it breaks the derived batches down from the MetaService's own records
   commit, report), split further by the sink's own step timings (``spark_barrier.steps``:
   every job's batches, sources included, collected from their log records).
 
+Per job it also counts what a batch costs the driver: the Py4J calls its sink made
+(``py4j_calls``: the calls on the sink's thread between two of its batches' ends), and
+the Spark jobs its batch ran with their time from submission to completion
+(``spark_jobs``: from the driver's status store, by the batch each job's description
+names).
+
     python -m bench.bench_freshness [--seconds 90] [--warmup 30] [--cluster]
                                     [--out bench/results/freshness.json]
 
@@ -35,10 +41,12 @@ import contextlib
 import json
 import logging
 import os
+import re
 import sys
 import tempfile
+import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -158,16 +166,78 @@ def batch_breakdown(db_url: str, since_ms: int) -> dict[str, Any]:
     return result
 
 
-class StepCollector(logging.Handler):
-    """Collects the per-batch step timings the sinks log (``spark_barrier.steps``)."""
+class Py4jCalls:
+    """Counts the Py4J calls each Python thread makes (pyspark's pinned threads: a
+    query's ``foreachBatch`` runs on one Python thread, batch after batch)."""
 
-    def __init__(self) -> None:
+    def __init__(self, callers: bool = False) -> None:
+        self._local = threading.local()
+        self._patched: Any = None
+        # With callers: the calls by the first frame outside pyspark and py4j that made them.
+        self.callers: Counter[str] | None = Counter() if callers else None
+
+    def install(self) -> None:
+        from py4j.clientserver import ClientServerConnection
+
+        original = ClientServerConnection.send_command
+        local = self._local
+        callers = self.callers
+
+        def send_command(connection: Any, command: str) -> Any:
+            local.calls = getattr(local, "calls", 0) + 1
+            if callers is not None:
+                callers[_caller()] += 1
+            return original(connection, command)
+
+        self._patched = (ClientServerConnection, original)
+        ClientServerConnection.send_command = send_command
+
+    def uninstall(self) -> None:
+        if self._patched is not None:
+            cls, original = self._patched
+            cls.send_command = original
+
+    def take(self) -> int:
+        """The calls this thread made since the last take."""
+        calls = getattr(self._local, "calls", 0)
+        self._local.calls = 0
+        return int(calls)
+
+
+_LIBRARIES = ("/pyspark/", "/py4j/")
+
+
+def _caller() -> str:
+    """Where a Py4J call comes from: the first frame outside pyspark and py4j, and the
+    pyspark function it called."""
+    frame = sys._getframe(2)
+    called = "?"
+    while frame is not None and any(lib in frame.f_code.co_filename for lib in _LIBRARIES):
+        called = frame.f_code.co_name
+        frame = frame.f_back  # type: ignore[assignment]
+    if frame is None:
+        return f"(pyspark) {called}"
+    code = frame.f_code
+    return f"{Path(code.co_filename).name}:{code.co_name}:{frame.f_lineno} -> {called}"
+
+
+class StepCollector(logging.Handler):
+    """Collects the per-batch step timings the sinks log (``spark_barrier.steps``), with
+    the Py4J calls of each batch (see :class:`Py4jCalls`)."""
+
+    def __init__(self, calls: Py4jCalls | None = None) -> None:
         super().__init__(level=logging.INFO)
         self.batches: list[tuple[float, str, dict[str, float]]] = []
+        self.calls = calls
 
     def emit(self, record: logging.LogRecord) -> None:
         steps = getattr(record, "steps", None)
         if steps is not None:
+            steps = dict(steps)
+            if self.calls is not None:  # the sink logs on its own thread, as the batch ends
+                steps["py4j_calls"] = self.calls.take()
+            if getattr(record, "total_ms", None) is not None:
+                steps["total"] = record.total_ms  # type: ignore[attr-defined]
             self.batches.append((record.created, str(getattr(record, "job", "?")), steps))
 
     def summary(self, since: float) -> dict[str, Any]:
@@ -182,6 +252,52 @@ class StepCollector(logging.Handler):
         }
 
 
+_BATCH_DESCRIPTION = re.compile(
+    r"^(?P<query>[^\n]*)\nid = [^\n]*\nrunId = [^\n]*\nbatch = (?P<batch>\d+)"
+)
+
+
+def spark_jobs_per_batch(spark: Any, since_ms: int) -> dict[str, Any]:
+    """Per query, the Spark jobs of its batches submitted after ``since_ms``: how many a
+    batch ran and their time (submission to completion) summed per batch. Read from the
+    driver's status store (``spark.ui.retainedJobs`` must hold the run's jobs); a job's
+    description names its query and batch (Spark sets it on the query's thread)."""
+    jobs = spark._jsc.sc().statusStore().jobsList(None)
+    per_batch: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for i in range(jobs.size()):
+        job = jobs.apply(i)
+        described, submitted, completed = (
+            job.description(),
+            job.submissionTime(),
+            job.completionTime(),
+        )
+        if described.isEmpty() or submitted.isEmpty() or completed.isEmpty():
+            continue
+        started = submitted.get().getTime()
+        if started < since_ms:
+            continue
+        match = _BATCH_DESCRIPTION.match(str(described.get()))
+        if match is None:
+            continue
+        key = (match["query"], int(match["batch"]))
+        per_batch[key].append(completed.get().getTime() - started)
+    by_query: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for (query, _), times in per_batch.items():
+        by_query[query]["jobs_per_batch"].append(len(times))
+        by_query[query]["job_ms_per_batch"].append(sum(times))
+    return {
+        query: {
+            "batches": len(parts["jobs_per_batch"]),
+            "jobs_per_batch_mean": round(
+                sum(parts["jobs_per_batch"]) / len(parts["jobs_per_batch"]), 2
+            ),
+            "jobs_per_batch": spread(parts["jobs_per_batch"]),
+            "job_ms_per_batch": spread(parts["job_ms_per_batch"]),
+        }
+        for query, parts in sorted(by_query.items())
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="bench-freshness-"))
     db_url = f"sqlite:///{root / 'metaservice.db'}"
@@ -194,14 +310,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "machine": {**host_facts(), "pyspark": package_version("pyspark")},
         "loadavg_start": loadavg(),
     }
-    collector = StepCollector()
+    calls = Py4jCalls(callers=args.py4j_callers)
+    calls.install()
+    collector = StepCollector(calls)
     steps_log = logging.getLogger("spark_barrier.steps")
     steps_log.setLevel(logging.INFO)
     steps_log.addHandler(collector)
     steps_log.propagate = False  # collected here, not printed
     with spark_master(args.cluster) as (master, env), EmbeddedMetaService(settings) as url:
         os.environ.update(env)
-        spark = spark_barrier.local_spark_builder("bench-freshness", master=master).getOrCreate()
+        spark = (
+            spark_barrier.local_spark_builder("bench-freshness", master=master)
+            .config("spark.ui.retainedJobs", "20000")  # the run's jobs, for the counts
+            .getOrCreate()
+        )
         spark.sparkContext.setLogLevel("ERROR")
         out["spark_master"] = spark.sparkContext.master
         register = wp.registrar(spark, url, catalog_properties=catalog, state_dir=root / "state")
@@ -222,7 +344,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 spark_barrier.stop_between_batches(q)
             pipeline.close()
             client.close()
+        try:
+            out["spark_jobs"] = spark_jobs_per_batch(spark, started_ms + args.warmup * 1000)
+        except Exception as exc:  # Spark's internals: the figures stand without the counts
+            out["spark_jobs"] = {"error": repr(exc)[:300]}
         spark.stop()
+        calls.uninstall()
         measured = [s for s in samples if s["t_s"] >= args.warmup]
         values = [s["freshness_ms"] for s in measured if s["freshness_ms"] is not None]
         out["freshness"] = {
@@ -236,6 +363,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "ms": spread(values),
             "loadavg_1m_during": spread([s["load_1m"] for s in measured]),
         }
+        if calls.callers is not None:
+            out["py4j_callers"] = dict(calls.callers.most_common(150))
         out["batches"] = batch_breakdown(db_url, started_ms + args.warmup * 1000)
         out["batch_steps_ms"] = collector.summary(started_ms / 1000 + args.warmup)
         out["timeline"] = samples
@@ -252,6 +381,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--orders-per-second", type=int, default=50)
     parser.add_argument("--cluster", action="store_true", help="run on a standalone cluster")
     parser.add_argument("--out", default="bench/results/freshness.json")
+    parser.add_argument(
+        "--py4j-callers",
+        action="store_true",
+        help="count the driver's Py4J calls by the code that made them (a profile: slower)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("py4j").setLevel(logging.CRITICAL)
@@ -267,6 +401,16 @@ def main(argv: list[str] | None = None) -> None:
     for job, steps in out["batch_steps_ms"].items():
         shown = ", ".join(f"{n} {s['p50']:.0f}" for n, s in steps.items() if s)
         print(f"  {job}: {shown}")
+    print("\n== Spark jobs per batch (mean; job time per batch p50 ms) ==")
+    for job, jobs in out["spark_jobs"].items():
+        if not isinstance(jobs, dict):
+            print(f"  {job}: {jobs}")
+            continue
+        took = jobs["job_ms_per_batch"]
+        print(
+            f"  {job}: {jobs['jobs_per_batch_mean']} jobs, "
+            f"{took['p50'] if took else 0:.0f} ms ({jobs['batches']} batches)"
+        )
     print(f"\nwritten to {args.out}")
 
 
