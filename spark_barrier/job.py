@@ -32,6 +32,7 @@ from metaservice.barriers.schemas import BatchBarrier, InputRange
 from metaservice.client import ApiError, ConflictError, MetaServiceClient, Unavailable
 from metaservice.versions.schemas import ConsistentVersion
 from spark_barrier.faults import crash_point
+from spark_barrier.iceberg import manifests
 from spark_barrier.iceberg.catalog import (
     CATALOG_NAME,
     CatalogUnavailable,
@@ -984,6 +985,7 @@ def register(
             raise
     spark.dataSource.register(BarrierSource)
     _listener_for(spark, client).jobs.add(job)
+    manifests.install()  # the driver plans and commits every batch: read each manifest once
     state = Path(state_dir or "spark-barrier-state") / job
     state.mkdir(parents=True, exist_ok=True)
     reporter: Reporter
