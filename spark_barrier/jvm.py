@@ -14,6 +14,11 @@ Inside ``foreachBatch`` the sink needs two facts the Python API does not give it
 Reads ask one more fact: whether Spark's Hadoop has a FileSystem for a URI scheme
 (:func:`hadoop_reads_scheme`), so that files it cannot open are read another way.
 
+The sink builds its own DataFrames (changelog netting, a CDC batch's last change per
+key) as one SQL query over the batch's frames (:func:`sql_over`): pyspark's DataFrame API makes
+a Py4J call for every column, literal and operator (two for ``F.col``, one per element
+of a list), and a driver running several queries pays each call in milliseconds.
+
 The listener's events cross here too (:class:`JsonQueryEvents`): Spark's Java listener
 calls back into Python, and pyspark's own wrapper turns each progress event into
 Python field by field, dozens of Py4J calls per event.
@@ -25,10 +30,12 @@ internals raises :class:`PlanUnavailable` with the reason, never a wrong answer.
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.listener import (
     QueryIdleEvent,
     QueryProgressEvent,
@@ -36,6 +43,7 @@ from pyspark.sql.streaming.listener import (
     QueryTerminatedEvent,
     StreamingQueryListener,
 )
+from pyspark.sql.types import StructType
 
 # StreamExecution.QUERY_ID_KEY: set on the query's thread, which runs foreachBatch.
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
@@ -105,6 +113,53 @@ def hadoop_reads_scheme(spark: SparkSession, scheme: str) -> bool:
     return True
 
 
+def sql_over(frames: Mapping[str, DataFrame], query: str) -> DataFrame:
+    """``query`` (Spark SQL naming each of ``frames`` by its key in braces, ``{rows}``)
+    as a DataFrame, in two Py4J calls plus two a frame whatever its size: each frame is
+    a temporary view of a unique name while the query is analysed, as pyspark's
+    ``spark.sql(query, rows=df)`` does it (with a few more calls). The DataFrame keeps
+    its analysed plan, so dropping the views does not change it. The frames must share
+    one session."""
+    session = next(iter(frames.values())).sparkSession
+    views = {name: f"__ms_{uuid.uuid4().hex}" for name in frames}
+    jsession = session._jsparkSession
+    try:
+        for name, frame in frames.items():
+            frame._jdf.createOrReplaceTempView(views[name])
+        for name, view in views.items():
+            query = query.replace("{" + name + "}", view)
+        return DataFrame(jsession.sql(query), session)
+    finally:
+        catalog = jsession.catalog()
+        for view in views.values():
+            catalog.dropTempView(view)
+
+
+def read_parquet(spark: SparkSession, schema: StructType, paths: Sequence[str]) -> DataFrame:
+    """``spark.read.schema(schema).parquet(*paths)`` in six Py4J calls whatever the
+    number of paths: pyspark's reader looks the active session up first (about eight
+    calls) and hands the paths over one call each."""
+    jsession = spark._jsparkSession
+    jpaths = _json_writer(jsession).readValue(
+        json.dumps(list(paths)), _java_class(jsession, "java.util.ArrayList")
+    )
+    reader = jsession.read().schema(jsession.parseDataType(schema.json()))
+    return DataFrame(reader.parquet(_python_utils(jsession).toSeq(jpaths)), spark)
+
+
+def empty_frame(spark: SparkSession, schema: StructType) -> DataFrame:
+    """An empty DataFrame of ``schema`` in four Py4J calls (``spark.createDataFrame([],
+    schema)`` makes about thirty)."""
+    jsession = spark._jsparkSession
+    rows = _json_writer(jsession).readValue("[]", _java_class(jsession, "java.util.ArrayList"))
+    return DataFrame(jsession.createDataFrame(rows, jsession.parseDataType(schema.json())), spark)
+
+
+def quoted(name: str) -> str:
+    """A column name as a Spark SQL identifier."""
+    return "`" + name.replace("`", "``") + "`"
+
+
 def _leaves(plan: Any) -> list[Any]:
     leaves = []
     iterator = plan.collectLeaves().iterator()
@@ -119,12 +174,57 @@ def _is_scan(leaf: Any) -> bool:
 
 def _scan(leaf: Any) -> PlannedScan:
     relation = leaf.relation()
-    options = {str(k): str(v) for k, v in dict(relation.options().asCaseSensitiveMap()).items()}
     return PlannedScan(
         source=str(relation.table().name()),
-        options=options,
+        options=_string_map(relation.options().asCaseSensitiveMap()),
         start=_offset(leaf.startOffset()),
         end=_offset(leaf.endOffset()),
+    )
+
+
+def _string_map(jmap: Any) -> dict[str, str]:
+    """A ``java.util.Map<String, String>`` as a dict, in one Py4J call: its JSON by the
+    Jackson that Spark ships (a Py4J map is walked key by key, three calls a key, and a
+    barrier source has about ten options)."""
+    try:
+        parsed = json.loads(_json_writer(jmap).writeValueAsString(jmap))
+    except Exception:  # no Jackson on the JVM's class path: walk the map
+        parsed = dict(jmap)
+    return {str(k): str(v) for k, v in parsed.items()}
+
+
+# JVM objects looked up once per Py4J gateway: naming a JVM class through ``_jvm`` costs
+# a call per package segment.
+_jvm_objects: dict[tuple[int, str], Any] = {}
+
+
+def _jvm_object(jobject: Any, name: str, make: Any) -> Any:
+    key = (id(jobject._gateway_client), name)
+    found = _jvm_objects.get(key)
+    if found is None:
+        from pyspark import SparkContext
+
+        jvm = SparkContext._jvm
+        assert jvm is not None, "no SparkContext is running"
+        found = _jvm_objects[key] = make(jvm)
+    return found
+
+
+def _json_writer(jobject: Any) -> Any:
+    """Jackson's ``ObjectMapper`` (Spark ships it)."""
+    return _jvm_object(
+        jobject, "ObjectMapper", lambda jvm: jvm.com.fasterxml.jackson.databind.ObjectMapper()
+    )
+
+
+def _java_class(jobject: Any, name: str) -> Any:
+    """The ``java.lang.Class`` named ``name``."""
+    return _jvm_object(jobject, name, lambda jvm: jvm.java.lang.Class.forName(name))
+
+
+def _python_utils(jobject: Any) -> Any:
+    return _jvm_object(
+        jobject, "PythonUtils", lambda jvm: jvm.org.apache.spark.api.python.PythonUtils
     )
 
 

@@ -25,6 +25,7 @@ from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 
 from spark_barrier.iceberg.upsert import last_row_per_key
+from spark_barrier.jvm import quoted
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +41,13 @@ class CdcInputError(ValueError):
 
 def normalized_op(op_column: str) -> Column:
     """``I``, ``U`` or ``D`` for a known op, else null."""
-    op = F.upper(F.trim(F.col(op_column).cast("string")))
-    known = F.create_map(*[F.lit(x) for pair in OPS.items() for x in pair])
-    return known[op]
+    return F.expr(normalized_op_sql(op_column))
+
+
+def normalized_op_sql(op_column: str) -> str:
+    """:func:`normalized_op` as a Spark SQL expression."""
+    known = ", ".join(f"'{x}'" for pair in OPS.items() for x in pair)
+    return f"map({known})[upper(trim(CAST({quoted(op_column)} AS STRING)))]"
 
 
 def check_changes(

@@ -39,10 +39,16 @@ from pyiceberg.io.pyarrow import _dataframe_to_data_files, schema_to_pyarrow
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadataUtil
-from pyspark.sql import DataFrame, Window
-from pyspark.sql import functions as F
+from pyspark.sql import DataFrame
+from pyspark.sql import types as T
 
-from spark_barrier.iceberg.cdc import DELETE_OP, OP, CdcInputError, check_changes, normalized_op
+from spark_barrier.iceberg.cdc import (
+    DELETE_OP,
+    OP,
+    CdcInputError,
+    check_changes,
+    normalized_op_sql,
+)
 from spark_barrier.iceberg.files import (
     _chunk_bytes,
     _chunks,
@@ -58,6 +64,7 @@ from spark_barrier.iceberg.upsert import (
     key_bound_aggregates,
     key_filter_from_bounds,
 )
+from spark_barrier.jvm import quoted, sql_over
 
 # The changed keys the tasks bring to the driver at most; past that, Spark matches them.
 MAX_KEYS = DRIVER_MATCH_MAX_ROWS
@@ -65,7 +72,14 @@ _BAD = "__ms_bad"  # per record: whether its key's records hold a bad one (0 or 
 _ORDER, _RANK = "__ms_order", "__ms_rank"
 # One row per written file (data_file), and one summary row per task: its changed keys
 # as an Arrow IPC stream (null when none, or past the limit), how many, bad records.
-_RESULT_DDL = "data_file binary, keys binary, changed long, bad long"
+_RESULT_TYPE = T.StructType(
+    [
+        T.StructField("data_file", T.BinaryType()),
+        T.StructField("keys", T.BinaryType()),
+        T.StructField("changed", T.LongType()),
+        T.StructField("bad", T.LongType()),
+    ]
+)
 _RESULT_SCHEMA = pa.schema(
     [
         pa.field("data_file", pa.binary()),
@@ -100,31 +114,7 @@ def write_cdc_batch(
     Raises CdcInputError (files may be left in `folder`: the caller deletes it)."""
     max_keys = MAX_KEYS
     columns = column_names(table)
-    is_bad = F.lit(False)
-    for key in keys:
-        is_bad = is_bad | F.col(key).isNull()
-    is_bad = is_bad | F.col(OP).isNull()
-    ordering = [F.col(_ORDER).desc()]
-    if order_by is not None:
-        ordering.insert(0, F.col(order_by).desc_nulls_last())
-    last = Window.partitionBy(*keys).orderBy(*ordering)
-    per_key = Window.partitionBy(*keys)
-    # As cdc.last_changes: the largest order_by, then the record that came last.
-    numbered = records.select(
-        "*",
-        normalized_op(op_column).alias(OP),
-        F.monotonically_increasing_id().alias(_ORDER),
-    )
-    changes = (
-        numbered.select(
-            *columns,
-            OP,
-            F.max(is_bad.cast("long")).over(per_key).alias(_BAD),
-            F.row_number().over(last).alias(_RANK),
-        )
-        .where(F.col(_RANK) == 1)
-        .drop(_RANK)
-    )
+    changes = sql_over({"records": records}, _changes_query(columns, keys, op_column, order_by))
     task = functools.partial(
         _cdc_task,
         metadata_json=_writer_metadata(table, folder),
@@ -133,7 +123,7 @@ def write_cdc_batch(
         key_positions=[columns.index(k) for k in keys],
         max_keys=max_keys,
     )
-    results = changes.mapInArrow(task, _RESULT_DDL).collect()
+    results = changes.mapInArrow(task, _RESULT_TYPE).collect()
     if sum(row["bad"] or 0 for row in results):
         check_changes(records, keys, op_column, where)  # raises, naming the records
         raise CdcInputError(
@@ -153,6 +143,33 @@ def write_cdc_batch(
         found,
         key_filter_from_bounds(table, keys, _bounds(table, keys, found)),
     )
+
+
+def _changes_query(
+    columns: list[str], keys: list[str], op_column: str, order_by: str | None
+) -> str:
+    """The last change per key of ``{records}``, as cdc.last_changes takes it (the largest
+    `order_by`, then the record that came last), with its normalized op and whether its
+    key's records hold a bad one (a null key or op): one SQL query, so that building it
+    costs the driver a few Py4J calls rather than one per column and operator."""
+    table_columns = ", ".join(quoted(c) for c in columns)
+    by_key = ", ".join(quoted(k) for k in keys)
+    bad = " OR ".join([*(f"{quoted(k)} IS NULL" for k in keys), f"{OP} IS NULL"])
+    ordering = f"{_ORDER} DESC"
+    if order_by is not None:
+        ordering = f"{quoted(order_by)} DESC NULLS LAST, {ordering}"
+    return f"""
+        SELECT {table_columns}, {OP}, {_BAD} FROM (
+            SELECT {table_columns}, {OP},
+                max(CAST(({bad}) AS BIGINT)) OVER (PARTITION BY {by_key}) AS {_BAD},
+                row_number() OVER (PARTITION BY {by_key} ORDER BY {ordering}) AS {_RANK}
+            FROM (
+                SELECT *, {normalized_op_sql(op_column)} AS {OP},
+                    monotonically_increasing_id() AS {_ORDER}
+                FROM {{records}}
+            )
+        ) WHERE {_RANK} = 1
+    """
 
 
 def _bounds(table: Table, keys: list[str], found: pa.Table | None) -> dict[str, Any]:

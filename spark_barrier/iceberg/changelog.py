@@ -26,11 +26,12 @@ from dataclasses import dataclass
 
 from pyiceberg.manifest import ManifestContent, ManifestEntryStatus
 from pyiceberg.table import Table
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_barrier.iceberg.read import read_files
 from spark_barrier.iceberg.scan import data_file_paths, snapshots_in_range
+from spark_barrier.jvm import quoted, sql_over
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ UPDATE_BEFORE, UPDATE_AFTER = "UPDATE_BEFORE", "UPDATE_AFTER"
 CHANGE_TYPES = (INSERT, DELETE, UPDATE_BEFORE, UPDATE_AFTER)
 
 _COUNT = "__ms_net"  # how many more times a row is in `added` than in `removed`
+_COPY = "__ms_copy"  # one of the copies of a row changed several times
 
 
 @dataclass(frozen=True)
@@ -98,41 +100,49 @@ def read_changelog(
     (grouping by every column, so map-typed columns are not supported), pairing
     updates by `keys` one more.
     """
-    before = read_files(spark, table, files.removed)
-    after = read_files(spark, table, files.added)
     if not files.removed:
-        return after.withColumn(CHANGE_TYPE, F.lit(INSERT))
+        return read_files(spark, table, files.added).withColumn(CHANGE_TYPE, F.lit(INSERT))
+    before = read_files(spark, table, files.removed)
     if not files.added:
         return before.withColumn(CHANGE_TYPE, F.lit(DELETE))
-    changes = _net_changes(before, after)
-    return _pair_updates(changes, keys) if keys else changes
+    after = read_files(spark, table, files.added)
+    columns = [f.name for f in table.schema().fields]  # as read_files reads them
+    return sql_over({"before": before, "after": after}, _changes_query(columns, keys))
 
 
-def _net_changes(before: DataFrame, after: DataFrame) -> DataFrame:
-    """Rows of `after` not in `before` as INSERT, rows of `before` not in `after` as
-    DELETE, each as many times as the difference of their counts (a multiset
-    difference both ways, in one aggregation: exceptAll twice would shuffle twice)."""
-    columns = before.columns
-    counted = (
-        before.withColumn(_COUNT, F.lit(-1))
-        .unionByName(after.withColumn(_COUNT, F.lit(1)))
-        .groupBy(*columns)
-        .agg(F.sum(_COUNT).alias(_COUNT))
-        .where(F.col(_COUNT) != 0)
-    )
-    change = F.when(F.col(_COUNT) > 0, F.lit(INSERT)).otherwise(F.lit(DELETE))
-    copies = F.explode(F.array_repeat(F.lit(0), F.abs(F.col(_COUNT)).cast("int")))
-    return counted.select(*columns, change.alias(CHANGE_TYPE), copies.alias(_COUNT)).drop(_COUNT)
+def _changes_query(columns: Sequence[str], keys: Sequence[str]) -> str:
+    """The net changes between ``{before}`` and ``{after}`` (one SQL query: built with
+    the DataFrame API it cost the driver a Py4J call per column and operator).
 
+    Rows of `after` not in `before` are INSERT, rows of `before` not in `after` DELETE,
+    each as many times as the difference of their counts (a multiset difference both
+    ways, in one aggregation: exceptAll twice would shuffle twice). With `keys`, a key
+    both deleted and inserted was updated: UPDATE_BEFORE and UPDATE_AFTER."""
+    listed = ", ".join(quoted(c) for c in columns)
+    net = f"""
+        SELECT {listed},
+            CASE WHEN {_COUNT} > 0 THEN '{INSERT}' ELSE '{DELETE}' END AS {CHANGE_TYPE}
+        FROM (
+            SELECT {listed}, sum({_COUNT}) AS {_COUNT} FROM (
+                SELECT {listed}, -1 AS {_COUNT} FROM {{before}}
+                UNION ALL
+                SELECT {listed}, 1 AS {_COUNT} FROM {{after}}
+            ) GROUP BY {listed}
+        )
+        LATERAL VIEW explode(array_repeat(0, CAST(abs({_COUNT}) AS INT))) {_COPY}s AS {_COPY}
+    """
+    if not keys:
+        return net
+    by_key = ", ".join(quoted(k) for k in keys)
 
-def _pair_updates(changes: DataFrame, keys: Sequence[str]) -> DataFrame:
-    """A key both deleted and inserted was updated: UPDATE_BEFORE and UPDATE_AFTER."""
-    by_key = Window.partitionBy(*keys)
-    change = F.col(CHANGE_TYPE)
+    def seen(kind: str) -> str:
+        return f"max(CAST({CHANGE_TYPE} = '{kind}' AS INT)) OVER (PARTITION BY {by_key}) = 1"
 
-    def seen(kind: str) -> Column:
-        return F.max((change == kind).cast("int")).over(by_key) == 1
-
-    updated = seen(INSERT) & seen(DELETE)
-    paired = F.when(change == INSERT, F.lit(UPDATE_AFTER)).otherwise(F.lit(UPDATE_BEFORE))
-    return changes.withColumn(CHANGE_TYPE, F.when(updated, paired).otherwise(change))
+    return f"""
+        SELECT {listed},
+            CASE WHEN {seen(INSERT)} AND {seen(DELETE)}
+                THEN CASE WHEN {CHANGE_TYPE} = '{INSERT}' THEN '{UPDATE_AFTER}'
+                    ELSE '{UPDATE_BEFORE}' END
+                ELSE {CHANGE_TYPE} END AS {CHANGE_TYPE}
+        FROM ({net})
+    """

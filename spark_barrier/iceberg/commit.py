@@ -241,11 +241,14 @@ def _batch_rows(
     files Python workers write is written here, in one Spark job with its check and
     its changed keys (see :mod:`spark_barrier.iceberg.cdc_write`)."""
     if op_column is None:
-        rows = spark_df.select(*_check_columns(spark_df, table))
-        yield _BatchRows(rows=last_row_per_key(rows, keys) if keys else rows)
+        columns = _check_columns(spark_df, table)
+        if keys:  # (selects the table's columns itself)
+            yield _BatchRows(rows=last_row_per_key(spark_df, keys, columns=columns))
+        else:
+            yield _BatchRows(rows=_selected(spark_df, columns))
         return
     extra = [c for c in (op_column, order_by) if c and c not in column_names(table)]
-    records = spark_df.select(*_check_columns(spark_df, table, extra), *extra)
+    records = _selected(spark_df, [*_check_columns(spark_df, table, extra), *extra])
     if log_target is None and why_not_native(records, folder, table, expected_rows):
         # (A log store sees the rows as they are written: only after the check.)
         try:
@@ -329,6 +332,12 @@ def _check_columns(df: DataFrame, table: Table, allowed: Sequence[str] = ()) -> 
             f"not in the table {sorted(extra)}, missing from the batch {sorted(missing)}"
         )
     return columns
+
+
+def _selected(df: DataFrame, columns: list[str]) -> DataFrame:
+    """``df.select(*columns)``, or ``df`` itself when it has those columns in that order
+    (the usual case: a select costs the driver about three Py4J calls a column)."""
+    return df if df.columns == columns else df.select(*columns)
 
 
 def _turn_off_pyiceberg_retries(table: Table) -> None:

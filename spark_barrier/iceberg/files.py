@@ -34,6 +34,7 @@ from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil
 from pyiceberg.utils.properties import property_as_int
 from pyspark.sql import DataFrame
+from pyspark.sql import types as T
 
 from spark_barrier.iceberg.native_write import why_not_native, write_natively
 from spark_barrier.log import LogTarget
@@ -42,7 +43,7 @@ log = logging.getLogger(__name__)
 
 # The one column each write task returns: a pickled DataFile per written file.
 _RESULT_SCHEMA = pa.schema([pa.field("data_file", pa.binary(), False)])
-_RESULT_DDL = "data_file binary"
+_RESULT_TYPE = T.StructType([T.StructField("data_file", T.BinaryType(), False)])
 
 # A task writes its rows in chunks of at most this many Arrow bytes (or the table's
 # `write.target-file-size-bytes`, if smaller): it bounds a Python worker's memory
@@ -71,7 +72,9 @@ def write_data_files(
     `expected_rows`: the caller's estimate of the rows (None: unknown), by which the
     writer is chosen (see :func:`~spark_barrier.iceberg.native_write.why_not_native`).
     """
-    rows = df.select(*column_names(table))
+    names = column_names(table)
+    # (df.columns is two Py4J calls; a select of n columns is about 3n.)
+    rows = df if df.columns == names else df.select(*names)
     reason = (
         "the table has a log store"
         if log_target
@@ -95,7 +98,7 @@ def _write_in_python_workers(
         arrow_schema=schema_to_pyarrow(table.schema(), include_field_ids=False),
         log_target=log_target,
     )
-    written = rows.mapInArrow(write, _RESULT_DDL).collect()
+    written = rows.mapInArrow(write, _RESULT_TYPE).collect()
     return [_decode_data_file(row["data_file"]) for row in written]
 
 

@@ -26,7 +26,7 @@ from pyspark.sql import types as T
 from spark_barrier.iceberg.filters import RowFilter, spark_condition
 from spark_barrier.iceberg.scan import appended_file_paths, data_file_paths
 from spark_barrier.iceberg.schemas import iceberg_schema_to_spark, spark_schema_to_arrow
-from spark_barrier.jvm import hadoop_reads_scheme
+from spark_barrier.jvm import empty_frame, hadoop_reads_scheme, read_parquet
 
 log = logging.getLogger(__name__)
 
@@ -76,13 +76,14 @@ def read_files(
     if not paths:
         if file_uri_column is not None:
             schema = schema.add(file_uri_column, T.StringType())
-        return spark.createDataFrame([], schema)
-    foreign = [p for p in paths if not spark_opens(spark, p)]
+        return empty_frame(spark, schema)
+    opens = {scheme: spark_opens(spark, f"{scheme}://") for scheme in {_scheme(p) for p in paths}}
+    foreign = [p for p in paths if not opens[_scheme(p)]]
     elsewhere = set(foreign)
     native = [p for p in paths if p not in elsewhere]
     parts = []
     if native:
-        rows = spark.read.schema(schema).parquet(*native)
+        rows = read_parquet(spark, schema, native)
         if file_uri_column is not None:
             rows = rows.withColumn(file_uri_column, F.col("_metadata.file_path"))
         parts.append(rows)

@@ -40,7 +40,7 @@ from pyiceberg.types import (
     TimestampType,
     TimestamptzType,
 )
-from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from spark_barrier.iceberg.files import (
@@ -53,6 +53,7 @@ from spark_barrier.iceberg.files import (
 from spark_barrier.iceberg.read import read_files
 from spark_barrier.iceberg.scan import data_files
 from spark_barrier.iceberg.transaction import NOT_LANDED, commit_files
+from spark_barrier.jvm import quoted, sql_over
 from spark_barrier.steps import step
 
 log = logging.getLogger(__name__)
@@ -80,21 +81,32 @@ DRIVER_MATCH_MAX_FILES = 64
 _DRIVER_MATCH_KEY_TYPES = (IntegerType, LongType, StringType)
 
 
-def last_row_per_key(df: DataFrame, keys: list[str], order_by: str | None = None) -> DataFrame:
+def last_row_per_key(
+    df: DataFrame,
+    keys: list[str],
+    order_by: str | None = None,
+    columns: list[str] | None = None,
+) -> DataFrame:
     """The last row of each key: the largest `order_by` (nulls first), then the row
-    that came last in the batch."""
+    that came last in the batch. `columns`: those of `df`, when the caller knows them.
+    One SQL query (a few Py4J calls: the DataFrame API makes one per column and
+    operator)."""
     # monotonically_increasing_id follows the batch's partition and row order, so
     # "largest id" is the row that came last in the batch.
     order, rank = "__ms_order", "__ms_rank"
-    ordering = [F.col(order).desc()]
+    ordering = f"{order} DESC"
     if order_by is not None:
-        ordering.insert(0, F.col(order_by).desc_nulls_last())
-    window = Window.partitionBy(*keys).orderBy(*ordering)
-    return (
-        df.withColumn(order, F.monotonically_increasing_id())
-        .withColumn(rank, F.row_number().over(window))
-        .where(F.col(rank) == 1)
-        .drop(order, rank)
+        ordering = f"{quoted(order_by)} DESC NULLS LAST, {ordering}"
+    by_key = ", ".join(quoted(k) for k in keys)
+    listed = ", ".join(quoted(c) for c in (columns if columns is not None else df.columns))
+    return sql_over(
+        {"rows": df},
+        f"""
+        SELECT {listed} FROM (
+            SELECT *, row_number() OVER (PARTITION BY {by_key} ORDER BY {ordering}) AS {rank}
+            FROM (SELECT *, monotonically_increasing_id() AS {order} FROM {{rows}})
+        ) WHERE {rank} = 1
+        """,
     )
 
 
