@@ -404,6 +404,9 @@ class BarrierJob:
         seen: int | None = None
         answer = "no answer yet"
         warned = False
+        leased_at = self._leased_at(table, barrier)
+        if leased_at is not None:
+            return leased_at
         while True:
             if not warned and time.monotonic() - started >= WAIT_WARNING_S:
                 # A batch that waits this long is usually stuck, not slow: say on what.
@@ -453,6 +456,23 @@ class BarrierJob:
                 )
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
+
+    def _leased_at(self, table: str, barrier: int) -> ConsistentVersion | None:
+        """The usual case of :meth:`_exact_version` in one request: a leased version of
+        ``table`` at ``barrier`` itself (exact there; a source table is exact at every
+        barrier up to its frontier, a derived one where its job committed). None (and
+        no lease kept) otherwise: the caller's loop finds out why, and waits."""
+        try:
+            version = self.client.consistent_version(
+                [table], at_or_before=barrier, lease_seconds=self.read_lease_s
+            )
+        except (ConflictError, Unavailable):
+            return None
+        if version.barrier == barrier:
+            return version
+        if version.lease_id is not None:
+            self.release_lease(version.lease_id)
+        return None
 
     def _final_at(self, table: str, barrier: int) -> bool:
         frontier = self.client.get_table(table).frontier
