@@ -52,7 +52,7 @@ CENT = Decimal("0.01")
 
 def discounted_amount(quantity: Column, price: Column) -> Column:
     """The revision's corrected logic for the detail table."""
-    return (quantity * price * F.lit(DISCOUNT)).cast(wp.MONEY)
+    return (quantity * price * F.lit(DISCOUNT)).cast(wp.MONEY_SQL)
 
 
 def line_kind(row: dict[str, Any]) -> str:

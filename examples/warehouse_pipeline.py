@@ -37,6 +37,7 @@ from spark_barrier import BarrierJob, BatchContext
 
 ITEMS = 20
 MONEY = T.DecimalType(18, 2)
+MONEY_SQL = MONEY.simpleString()  # "decimal(18,2)", for casts in SQL expressions
 ORDERS, ITEMS_TABLE = "ods.orders", "ods.items"
 DETAIL, REVENUE = "dwd.order_detail", "dws.item_revenue"
 ALL_TABLES = [ORDERS, ITEMS_TABLE, DETAIL, REVENUE]
@@ -78,6 +79,7 @@ REVENUE_SCHEMA = T.StructType(
 PARTITIONS = {ORDERS: ["day(ordered_at)"], ITEMS_TABLE: ["day(updated_at)"]}
 
 LIVE = ("INSERT", "UPDATE_AFTER")  # change types that carry a row's new image
+LIVE_SQL = "(" + ", ".join(f"'{t}'" for t in LIVE) + ")"  # the same, as an SQL list
 GONE = ("DELETE", "UPDATE_BEFORE")  # change types that carry a row's old image
 
 
@@ -133,7 +135,7 @@ Amount = Callable[[Column, Column], Column]  # (quantity, price) -> amount
 
 def list_amount(quantity: Column, price: Column) -> Column:
     """What an order line costs: quantity times the item's price."""
-    return (quantity * price).cast(MONEY)
+    return (quantity * price).cast(MONEY_SQL)
 
 
 def enricher(amount: Amount = list_amount) -> Transform:
@@ -144,7 +146,7 @@ def enricher(amount: Amount = list_amount) -> Transform:
         """Follow order changes: a placed or changed order is priced at the batch's
         barrier (item prices as of the same barrier); a cancelled one is deleted."""
         items = ctx.read(ITEMS_TABLE).select("item_id", "price")
-        live = changes.where(F.col("_change_type").isin(*LIVE)).drop("_change_type")
+        live = changes.where(f"_change_type IN {LIVE_SQL}").drop("_change_type")
         upserts = live.join(items, "item_id", "left").select(
             "order_id",
             "item_id",
@@ -152,16 +154,16 @@ def enricher(amount: Amount = list_amount) -> Transform:
             "status",
             "price",
             amount(F.col("quantity"), F.col("price")).alias("amount"),
-            F.lit("U").alias("op"),
+            F.expr("'U' AS op"),
         )
-        deletes = changes.where(F.col("_change_type") == "DELETE").select(
+        deletes = changes.where("_change_type = 'DELETE'").selectExpr(
             "order_id",
             "item_id",
             "quantity",
             "status",
-            F.lit(None).cast(MONEY).alias("price"),
-            F.lit(None).cast(MONEY).alias("amount"),
-            F.lit("D").alias("op"),
+            f"CAST(NULL AS {MONEY_SQL}) AS price",
+            f"CAST(NULL AS {MONEY_SQL}) AS amount",
+            "'D' AS op",
         )
         return upserts.unionByName(deletes)
 
@@ -174,18 +176,23 @@ enrich = enricher()
 def accumulate(changes: DataFrame, ctx: BatchContext) -> DataFrame:
     """New totals for the items the batch's changes touched: the totals as of the
     batch's start plus new images, minus old images."""
-    change = F.col("_change_type")
-    sign = F.when(change.isin(*LIVE), 1).otherwise(-1)
-    counted = F.when(change == "INSERT", 1).when(change == "DELETE", -1).otherwise(0)
-    delta = changes.groupBy("item_id").agg(
-        F.sum(sign * F.coalesce(F.col("amount"), F.lit(0))).alias("added"),
-        F.sum(counted).alias("orders"),
+    # SQL expressions rather than column objects: each F.col, F.lit, F.when and cast
+    # is a call into the JVM, which the driver pays on every batch (see the user guide).
+    delta = (
+        changes.selectExpr(
+            "item_id",
+            f"CASE WHEN _change_type IN {LIVE_SQL} THEN 1 ELSE -1 END * coalesce(amount, 0)"
+            " AS added",
+            "CASE _change_type WHEN 'INSERT' THEN 1 WHEN 'DELETE' THEN -1 ELSE 0 END AS orders",
+        )
+        .groupBy("item_id")
+        .agg(F.expr("sum(added) AS added"), F.expr("sum(orders) AS orders"))
     )
     current = ctx.read(REVENUE)
-    return delta.join(current, "item_id", "left").select(
+    return delta.join(current, "item_id", "left").selectExpr(
         "item_id",
-        (F.coalesce("revenue", F.lit(0)) + F.col("added")).cast(MONEY).alias("revenue"),
-        (F.coalesce("order_count", F.lit(0)) + F.col("orders")).cast("long").alias("order_count"),
+        f"CAST(coalesce(revenue, 0) + added AS {MONEY_SQL}) AS revenue",
+        "CAST(coalesce(order_count, 0) + orders AS long) AS order_count",
     )
 
 
