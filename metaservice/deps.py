@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fastapi import Depends, Query, Request, params
+from fastapi import Depends, Query, Request, Response, params
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel
 
 from metaservice.auth import service as auth_service
 from metaservice.auth.schemas import Role
@@ -101,3 +102,10 @@ async def metrics_access(
     """/metrics is open unless METASERVICE_METRICS_PUBLIC=false; then any token will do."""
     if not services_of(request).ctx.settings.metrics_public:
         await caller(request, credentials)
+
+
+def json_response(model: BaseModel) -> Response:
+    """The model as JSON, without FastAPI's validation of a returned model against the
+    route's ``response_model`` (the route declares it for the docs): the hot routes'
+    answer, serialised once by the model's own serializer."""
+    return Response(model.__pydantic_serializer__.to_json(model), media_type="application/json")

@@ -5,7 +5,6 @@ import time
 from functools import partial
 
 from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
-from pydantic import BaseModel
 
 from metaservice.auth.schemas import Role
 from metaservice.barriers import offline, service
@@ -25,7 +24,7 @@ from metaservice.barriers.schemas import (
     OfflineGrantRequest,
 )
 from metaservice.db import POLL, URGENT
-from metaservice.deps import Services, require, services, services_of
+from metaservice.deps import Services, json_response, require, services, services_of
 from metaservice.errors import TooLarge
 from metaservice.metrics import BARRIERS, COMMITS
 from metaservice.schemas_common import error_responses
@@ -42,12 +41,6 @@ router = APIRouter(tags=["barriers"], dependencies=[require(Role.READER)])
 # solves, a thread-pool hop through anyio and a validation of the returned model cost
 # a running job's requests as much as their SQL (issue 13).
 writes = APIRouter(tags=["barriers"], dependencies=[require(Role.WRITER)])
-
-
-def _json(model: BaseModel) -> Response:
-    """The model as JSON, without FastAPI's validation of a returned model against the
-    route's ``response_model`` (the route declares it for the docs)."""
-    return Response(model.__pydantic_serializer__.to_json(model), media_type="application/json")
 
 
 @writes.post(
@@ -91,7 +84,7 @@ async def batch_barrier(
     BARRIERS.inc()
     if result.start_barrier is None:
         s.changes.notify([job])  # a source's new batch may move its frontier
-    return _json(result)
+    return json_response(result)
 
 
 @router.post(
@@ -132,7 +125,7 @@ async def take_offline_grant(http: Request, job: str, body: OfflineGrantRequest)
         lambda session: offline.grant(session, s.ctx, job, body.floor), URGENT
     )
     s.changes.notify([job])  # a new floor may move the job's frontier
-    return _json(grant)
+    return json_response(grant)
 
 
 @router.delete(
@@ -190,7 +183,7 @@ async def next_barrier(
             lambda session: service.next_barrier_round(session, s.ctx, job, after, source),
             POLL,
         )
-        return _json(answer)
+        return json_response(answer)
     deadline = time.monotonic() + wait_ms / 1000
     while True:
         # Look without locks first: a fixed plan is answered as it stands, and the
@@ -204,7 +197,7 @@ async def next_barrier(
             if look.stale:
                 touch = partial(service.touch_job_id, ctx=s.ctx, job_id=look.job_id)
                 await s.db.write_async(touch, POLL)
-            return _json(look.answer)
+            return json_response(look.answer)
         left = deadline - time.monotonic()
         if look.worth_a_round or left <= 0:
             answer, held = await s.db.write_async(
@@ -212,7 +205,7 @@ async def next_barrier(
                 POLL,
             )
             if answer.ready or held or left <= 0:
-                return _json(answer)
+                return json_response(answer)
         # Wait for an input's writer to move on this replica (a report, a source's new
         # batch), without holding a thread or a connection; look again meanwhile for
         # what is not notified: other replicas, and the clock closing a slot, which
@@ -272,7 +265,7 @@ async def report_commit(http: Request, report: CommitReport) -> Response:
     COMMITS.labels(result=result.results[0].status).inc()
     if result.results[0].batch_committed:
         s.changes.notify([report.job])
-    return _json(result.results[0])
+    return json_response(result.results[0])
 
 
 @writes.post(
@@ -296,7 +289,7 @@ async def report_commits(
     COMMITS.labels(result="recorded").inc(result.recorded)
     COMMITS.labels(result="duplicate").inc(result.duplicates)
     s.changes.notify({r.job for r in result.results if r.batch_committed})
-    return _json(result)
+    return json_response(result)
 
 
 def _check_count(s: Services, count: int, what: str, *, field: str) -> None:

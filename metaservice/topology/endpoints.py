@@ -1,11 +1,10 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
-from pydantic import BaseModel
 
 from metaservice.auth.schemas import Role
 from metaservice.barriers.schemas import MAX_SIGNED_64
-from metaservice.deps import Paging, Services, paging, require, services, services_of
+from metaservice.deps import Paging, Services, json_response, paging, require, services, services_of
 from metaservice.names import JOB_PATTERN
 from metaservice.schemas_common import Page, error_responses
 from metaservice.topology import service
@@ -40,12 +39,6 @@ def wants_minimal(prefer: str | None) -> bool:
         if token.strip().lower() == "return" and value.strip().strip('"').lower() == "minimal":
             return True
     return False
-
-
-def _json(model: BaseModel) -> Response:
-    """The model as JSON, without FastAPI's validation of a returned model against the
-    route's ``response_model`` (the route declares it for the docs)."""
-    return Response(model.__pydantic_serializer__.to_json(model), media_type="application/json")
 
 
 @router.put(
@@ -118,7 +111,7 @@ async def job_event(
             session, s.ctx, service.record_event(session, s.ctx, job, event)
         )
     )
-    return _json(view)
+    return json_response(view)
 
 
 @router.delete(
