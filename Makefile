@@ -26,7 +26,8 @@ demo: install
 # in one process, since they share one SparkSession and one cluster and each JVM wants
 # both cores. On two cores the first run took 10:27 with 2 workers against 16:06 in one
 # process (side by side, another test run beside both); a clean clone's .ci/run took
-# 21:33 in all on 2026-11-27 (11:17 + 10:16; 32 min in a slower hour the day before).
+# 21:33 in all on 2026-11-27 on AMD EPYC vCPUs (11:17 + 10:16; 32 min in a slower hour
+# the day before) and 15:16 on Intel Xeon vCPUs later that day (7:13 + 7:53).
 # TEST_WORKERS=0 runs the first part in this process. Exit status 5 (no test selected)
 # counts as success.
 TEST_WORKERS ?= 2
