@@ -29,7 +29,13 @@ from spark_barrier.iceberg.cdc import (
     last_changes,
 )
 from spark_barrier.iceberg.cdc_write import write_cdc_batch
-from spark_barrier.iceberg.files import column_names, delete_folder, safe_name, write_data_files
+from spark_barrier.iceberg.files import (
+    column_names,
+    delete_folder,
+    safe_name,
+    selected,
+    write_data_files,
+)
 from spark_barrier.iceberg.native_write import why_not_native
 from spark_barrier.iceberg.stamps import find_batch_snapshot
 from spark_barrier.iceberg.transaction import NOT_LANDED, commit_files
@@ -245,10 +251,10 @@ def _batch_rows(
         if keys:  # (selects the table's columns itself)
             yield _BatchRows(rows=last_row_per_key(spark_df, keys, columns=columns))
         else:
-            yield _BatchRows(rows=_selected(spark_df, columns))
+            yield _BatchRows(rows=selected(spark_df, columns))
         return
     extra = [c for c in (op_column, order_by) if c and c not in column_names(table)]
-    records = _selected(spark_df, [*_check_columns(spark_df, table, extra), *extra])
+    records = selected(spark_df, [*_check_columns(spark_df, table, extra), *extra])
     if log_target is None and why_not_native(records, folder, table, expected_rows):
         # (A log store sees the rows as they are written: only after the check.)
         try:
@@ -332,12 +338,6 @@ def _check_columns(df: DataFrame, table: Table, allowed: Sequence[str] = ()) -> 
             f"not in the table {sorted(extra)}, missing from the batch {sorted(missing)}"
         )
     return columns
-
-
-def _selected(df: DataFrame, columns: list[str]) -> DataFrame:
-    """``df.select(*columns)``, or ``df`` itself when it has those columns in that order
-    (the usual case: a select costs the driver about three Py4J calls a column)."""
-    return df if df.columns == columns else df.select(*columns)
 
 
 def _turn_off_pyiceberg_retries(table: Table) -> None:

@@ -52,6 +52,12 @@ _RESULT_TYPE = T.StructType([T.StructField("data_file", T.BinaryType(), False)])
 _MAX_CHUNK_BYTES = 128 * 1024 * 1024
 
 
+def selected(df: DataFrame, columns: list[str]) -> DataFrame:
+    """``df.select(*columns)``, or ``df`` itself when it has those columns in that order
+    (the usual case: ``df.columns`` is two Py4J calls, a select about three a column)."""
+    return df if df.columns == columns else df.select(*columns)
+
+
 def write_data_files(
     df: DataFrame,
     folder: str,
@@ -72,9 +78,7 @@ def write_data_files(
     `expected_rows`: the caller's estimate of the rows (None: unknown), by which the
     writer is chosen (see :func:`~spark_barrier.iceberg.native_write.why_not_native`).
     """
-    names = column_names(table)
-    # (df.columns is two Py4J calls; a select of n columns is about 3n.)
-    rows = df if df.columns == names else df.select(*names)
+    rows = selected(df, column_names(table))
     reason = (
         "the table has a log store"
         if log_target
