@@ -59,17 +59,19 @@ from spark_barrier.iceberg.files import (
     column_names,
 )
 from spark_barrier.iceberg.upsert import (
+    ARRIVAL,
     DRIVER_MATCH_MAX_ROWS,
+    RANK,
     _bounded_keys,
     key_bound_aggregates,
     key_filter_from_bounds,
+    last_first,
 )
 from spark_barrier.jvm import quoted, sql_over
 
 # The changed keys the tasks bring to the driver at most; past that, Spark matches them.
 MAX_KEYS = DRIVER_MATCH_MAX_ROWS
 _BAD = "__ms_bad"  # per record: whether its key's records hold a bad one (0 or 1)
-_ORDER, _RANK = "__ms_order", "__ms_rank"
 # One row per written file (data_file), and one summary row per task: its changed keys
 # as an Arrow IPC stream (null when none, or past the limit), how many, bad records.
 _RESULT_TYPE = T.StructType(
@@ -155,20 +157,17 @@ def _changes_query(
     table_columns = ", ".join(quoted(c) for c in columns)
     by_key = ", ".join(quoted(k) for k in keys)
     bad = " OR ".join([*(f"{quoted(k)} IS NULL" for k in keys), f"{OP} IS NULL"])
-    ordering = f"{_ORDER} DESC"
-    if order_by is not None:
-        ordering = f"{quoted(order_by)} DESC NULLS LAST, {ordering}"
     return f"""
         SELECT {table_columns}, {OP}, {_BAD} FROM (
             SELECT {table_columns}, {OP},
                 max(CAST(({bad}) AS BIGINT)) OVER (PARTITION BY {by_key}) AS {_BAD},
-                row_number() OVER (PARTITION BY {by_key} ORDER BY {ordering}) AS {_RANK}
+                row_number() OVER (PARTITION BY {by_key} ORDER BY {last_first(order_by)}) AS {RANK}
             FROM (
                 SELECT *, {normalized_op_sql(op_column)} AS {OP},
-                    monotonically_increasing_id() AS {_ORDER}
+                    monotonically_increasing_id() AS {ARRIVAL}
                 FROM {{records}}
             )
-        ) WHERE {_RANK} = 1
+        ) WHERE {RANK} = 1
     """
 
 

@@ -81,6 +81,18 @@ DRIVER_MATCH_MAX_FILES = 64
 _DRIVER_MATCH_KEY_TYPES = (IntegerType, LongType, StringType)
 
 
+# The columns a last-row-per-key query adds: its rows' arrival order, and their rank.
+ARRIVAL, RANK = "__ms_order", "__ms_rank"
+
+
+def last_first(order_by: str | None) -> str:
+    """The ORDER BY of a key's rows, last first: the largest `order_by` (nulls last),
+    then the row that came last in the batch (the largest :data:`ARRIVAL`, from
+    monotonically_increasing_id, which follows the batch's partition and row order)."""
+    by_arrival = f"{ARRIVAL} DESC"
+    return by_arrival if order_by is None else f"{quoted(order_by)} DESC NULLS LAST, {by_arrival}"
+
+
 def last_row_per_key(
     df: DataFrame,
     keys: list[str],
@@ -91,21 +103,16 @@ def last_row_per_key(
     that came last in the batch. `columns`: those of `df`, when the caller knows them.
     One SQL query (a few Py4J calls: the DataFrame API makes one per column and
     operator)."""
-    # monotonically_increasing_id follows the batch's partition and row order, so
-    # "largest id" is the row that came last in the batch.
-    order, rank = "__ms_order", "__ms_rank"
-    ordering = f"{order} DESC"
-    if order_by is not None:
-        ordering = f"{quoted(order_by)} DESC NULLS LAST, {ordering}"
     by_key = ", ".join(quoted(k) for k in keys)
     listed = ", ".join(quoted(c) for c in (columns if columns is not None else df.columns))
     return sql_over(
         {"rows": df},
         f"""
         SELECT {listed} FROM (
-            SELECT *, row_number() OVER (PARTITION BY {by_key} ORDER BY {ordering}) AS {rank}
-            FROM (SELECT *, monotonically_increasing_id() AS {order} FROM {{rows}})
-        ) WHERE {rank} = 1
+            SELECT *, row_number() OVER (PARTITION BY {by_key} ORDER BY {last_first(order_by)})
+                AS {RANK}
+            FROM (SELECT *, monotonically_increasing_id() AS {ARRIVAL} FROM {{rows}})
+        ) WHERE {RANK} = 1
         """,
     )
 
@@ -248,7 +255,7 @@ class _SmallMatch:
 def _match_on_driver(
     table: Table,
     candidates: list[DataFile],
-    changed_keys: DataFrame | Callable[[], DataFrame],
+    changed_keys: Callable[[], DataFrame],
     keys: list[str],
     changed_key_files: list[DataFile] | None,
     changed_key_rows: pa.Table | None = None,
@@ -257,7 +264,7 @@ def _match_on_driver(
     the key columns only; None when it is a job for Spark (too many rows or files, a
     key type or a null key whose matching Spark's null-safe join must decide). The
     keys come from `changed_key_rows`, else `changed_key_files`, else a Spark job
-    over `changed_keys` (a DataFrame, or a function that builds it)."""
+    over the DataFrame `changed_keys()` builds."""
     schema = table.schema()
     if not all(isinstance(schema.find_field(k).field_type, _DRIVER_MATCH_KEY_TYPES) for k in keys):
         return None
@@ -276,8 +283,7 @@ def _match_on_driver(
     else:
         # One small Spark job (the changes are cached while the batch commits), which
         # stops after the limit: more keys than that are matched by Spark.
-        frame = changed_keys if isinstance(changed_keys, DataFrame) else changed_keys()
-        wanted = frame.select(*keys).limit(DRIVER_MATCH_MAX_ROWS + 1).toArrow()
+        wanted = changed_keys().select(*keys).limit(DRIVER_MATCH_MAX_ROWS + 1).toArrow()
         if wanted.num_rows > DRIVER_MATCH_MAX_ROWS:
             return None
     if any(wanted.column(k).null_count for k in keys):

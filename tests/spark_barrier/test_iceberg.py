@@ -306,7 +306,7 @@ def test_the_driver_finds_the_files_holding_keys_as_spark_does(
 
     def both(keys: list[int | None]) -> tuple[list[str] | None, list[str]]:
         changed = spark.createDataFrame([(k,) for k in keys], "id long")
-        on_driver = upsert._match_on_driver(table, candidates, changed, ["id"], None)
+        on_driver = upsert._match_on_driver(table, candidates, lambda: changed, ["id"], None)
         aliased = changed.select(F.col("id").alias(upsert._key_alias(0)))
         in_spark = upsert._files_with_keys(spark, table, candidates, aliased, ["id"])
         driver_paths = (
