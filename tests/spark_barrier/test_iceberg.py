@@ -21,7 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from spark_barrier.iceberg import upsert
+from spark_barrier.iceberg import commit, upsert
 from spark_barrier.iceberg.catalog import ensure_table
 from spark_barrier.iceberg.commit import commit_batch
 from spark_barrier.iceberg.read import read_appended, read_snapshot
@@ -330,6 +330,63 @@ def test_upsert_treats_null_as_a_key(spark: SparkSession, catalog: Catalog) -> N
 
     rows = read_snapshot(spark, table, sid).collect()
     assert len(rows) == 2 and {r["id"]: r["v"] for r in rows} == {None: "new", 1: "one"}
+
+
+def _added_and_removed(table: Table, sid: int) -> tuple[set[str], set[str]]:
+    parent = table.snapshot_by_id(sid).parent_snapshot_id  # type: ignore[union-attr]
+    before = set() if parent is None else set(data_file_paths(table, parent))
+    after = set(data_file_paths(table, sid))
+    return after - before, before - after
+
+
+def test_an_upsert_batch_with_a_key_twice_is_reduced_and_the_next_ones_first(
+    spark: SparkSession, catalog: Catalog
+) -> None:
+    table = _kv_table(catalog)
+    up = {"mode": "upsert", "key_columns": ["id"]}
+    _commit(_kv(spark, [(1, "a"), (2, "a")]), table, 1, **up)
+    # Written as it came (the previous batch's size is known), then found to hold key 1
+    # twice: written again, reduced to its last row per key.
+    s2 = _commit(_kv(spark, [(1, "first"), (3, "b"), (1, "last")]), table, 2, **up)
+    assert _rows(read_snapshot(spark, table, s2)) == [(1, "last"), (2, "a"), (3, "b")]
+    summary = table.snapshot_by_id(s2).summary  # type: ignore[union-attr]
+    assert summary[commit.UNIQUE_KEYS_KEY] == "false"  # type: ignore[index]
+    assert summary[commit.BATCH_ROWS_KEY] == "2"  # type: ignore[index]
+    # The next batch is reduced before it is written, and says so again.
+    s3 = _commit(_kv(spark, [(4, "c"), (4, "d")]), table, 3, **up)
+    assert _rows(read_snapshot(spark, table, s3)) == [(1, "last"), (2, "a"), (3, "b"), (4, "d")]
+    assert table.snapshot_by_id(s3).summary[commit.UNIQUE_KEYS_KEY] == "false"  # type: ignore[union-attr,index]
+
+
+def test_an_upsert_removes_a_file_whose_every_key_it_replaces_without_rewriting_it(
+    spark: SparkSession, catalog: Catalog
+) -> None:
+    table = _kv_table(catalog)
+    up = {"mode": "upsert", "key_columns": ["id"]}
+    s1 = _commit(_kv(spark, [(1, "a"), (2, "a")]).coalesce(1), table, 1, **up)
+    s2 = _commit(_kv(spark, [(10, "b"), (11, "b")]).coalesce(1), table, 2, **up)
+    (first,), (second,) = _added_and_removed(table, s1)[0], _added_and_removed(table, s2)[0]
+
+    s3 = _commit(_kv(spark, [(1, "c"), (2, "c"), (10, "c")]).coalesce(1), table, 3, **up)
+
+    added, removed = _added_and_removed(table, s3)
+    assert removed == {first, second}
+    # The batch's file, and the second file without key 10; the first is not rewritten.
+    assert len(added) == 2
+    assert table.snapshot_by_id(s3).summary[commit.UNIQUE_KEYS_KEY] == "true"  # type: ignore[union-attr,index]
+    assert _rows(read_snapshot(spark, table, s3)) == [(1, "c"), (2, "c"), (10, "c"), (11, "b")]
+
+
+def test_files_matched_on_the_driver_are_rewritten_by_spark_when_large(
+    spark: SparkSession, catalog: Catalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(upsert, "DRIVER_REWRITE_MAX_ROWS", 0)
+    table = _kv_table(catalog)
+    up = {"mode": "upsert", "key_columns": ["id"]}
+    _commit(_kv(spark, [(i, "a") for i in range(10)]), table, 1, **up)
+    sid = _commit(_kv(spark, [(3, "b"), (20, "b")]), table, 2, **up)
+    expected = [(i, "b" if i == 3 else "a") for i in range(10)] + [(20, "b")]
+    assert _rows(read_snapshot(spark, table, sid)) == expected
 
 
 @pytest.mark.slow

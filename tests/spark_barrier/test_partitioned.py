@@ -269,11 +269,11 @@ def test_an_upsert_rewrites_only_the_files_of_the_affected_partition(
     table = ensure_table(catalog, "dw.kv", schema, ["region"])
     up: dict[str, Any] = {"mode": "upsert", "key_columns": ["id"]}
     first = [(i, ["eu", "us"][i % 2], "b1") for i in range(20)]
-    # Two batches: each partition has two files, one of them holding key 4.
+    # Two batches: each partition has two files or more, one of them holding key 4.
     _commit(spark.createDataFrame(first[:10], schema), table, 1, **up)
     _commit(spark.createDataFrame(first[10:], schema), table, 2, **up)
     before = {f["file_path"]: f["partition"]["region"] for f in _files(table)}
-    assert Counter(before.values()) == {"eu": 2, "us": 2}
+    assert set(before.values()) == {"eu", "us"} and min(Counter(before.values()).values()) >= 2
 
     sid = _commit(spark.createDataFrame([(4, "eu", "b2")], schema), table, 3, **up)
 
