@@ -19,12 +19,13 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+import pyarrow as pa
 from pyiceberg.table import Table
 from pyiceberg.types import DoubleType, FloatType
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 
-from spark_barrier.iceberg.upsert import last_row_per_key
+from spark_barrier.iceberg.upsert import last_row_per_key, may_check_keys_on_driver
 from spark_barrier.jvm import quoted
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,18 @@ def check_changes(
         "INSERT/UPDATE/DELETE. Nothing of the batch was committed; fix or filter the "
         "change feed and restart the query, which runs the batch again"
     )
+
+
+def changed_keys_on_driver(
+    table: Table, records: DataFrame, keys: list[str], checked: Row
+) -> pa.Table | None:
+    """The keys of `records` (checked by :func:`check_changes`, whose row `checked` with
+    :func:`~spark_barrier.iceberg.upsert.key_bound_aggregates` counts them), brought to
+    the driver; None when they are too many for it (see
+    :func:`~spark_barrier.iceberg.upsert.may_check_keys_on_driver`)."""
+    if not may_check_keys_on_driver(table, keys, checked["__ms_rows"]):
+        return None
+    return records.select(*keys).toArrow()
 
 
 def _problem(record: dict[str, Any], keys: Sequence[str], op_column: str) -> str:

@@ -62,8 +62,8 @@ from spark_barrier.iceberg.upsert import (
     ARRIVAL,
     DRIVER_MATCH_MAX_ROWS,
     RANK,
-    _bounded_keys,
     key_bound_aggregates,
+    key_bounds,
     key_filter_from_bounds,
     last_first,
 )
@@ -143,7 +143,7 @@ def write_cdc_batch(
     return CdcWritten(
         _of_default_spec(files, table),
         found,
-        key_filter_from_bounds(table, keys, _bounds(table, keys, found)),
+        key_filter_from_bounds(table, keys, key_bounds(table, keys, found)),
     )
 
 
@@ -169,20 +169,6 @@ def _changes_query(
             )
         ) WHERE {RANK} = 1
     """
-
-
-def _bounds(table: Table, keys: list[str], found: pa.Table | None) -> dict[str, Any]:
-    """The row of :func:`~spark_barrier.iceberg.upsert.key_bound_aggregates` over the
-    changed keys (no null among them: a null key is a bad record)."""
-    rows = 0 if found is None else found.num_rows
-    row: dict[str, Any] = {"__ms_rows": rows}
-    for i, key in enumerate(_bounded_keys(table, keys)):
-        assert found is not None or rows == 0
-        bounds = pc.min_max(found.column(key)) if found is not None else None
-        row[f"__ms_min_{i}"] = bounds["min"].as_py() if bounds is not None else None
-        row[f"__ms_max_{i}"] = bounds["max"].as_py() if bounds is not None else None
-        row[f"__ms_known_{i}"] = rows
-    return row
 
 
 def _cdc_task(

@@ -24,9 +24,11 @@ from spark_barrier.iceberg.cdc import (
     DELETE_OP,
     OP,
     CdcInputError,
+    changed_keys_on_driver,
     check_changes,
     check_key_types,
     last_changes,
+    normalized_op,
 )
 from spark_barrier.iceberg.cdc_write import write_cdc_batch
 from spark_barrier.iceberg.files import (
@@ -46,6 +48,7 @@ from spark_barrier.iceberg.upsert import (
     may_check_keys_on_driver,
     replace_keys_attempt,
     unique_keys,
+    unique_rows,
     upsert_attempt,
 )
 from spark_barrier.log import LogTarget
@@ -327,16 +330,47 @@ def _batch_rows(
                 records, keys, op_column, where, key_bound_aggregates(table, keys)
             )
         key_filter = key_filter_from_bounds(table, keys, bounds)
-        changes = last_changes(records, keys, op_column, order_by).persist()
-        try:
-            upserts = changes.where(F.col(OP) != DELETE_OP).select(*column_names(table))
+        with step("cdc_check.keys"):
+            key_rows = changed_keys_on_driver(table, records, keys, bounds)
+        if key_rows is not None and unique_rows(key_rows, keys):
+            # Each key's one record is its last change: no reduction to write.
+            upserts = records.where(normalized_op(op_column) != DELETE_OP)
             yield _BatchRows(
-                rows=upserts, changed_keys=lambda: changes.select(*keys), key_filter=key_filter
+                rows=upserts.select(*column_names(table)),
+                changed_keys=lambda: records.select(*keys),
+                changed_key_rows=key_rows,
+                key_filter=key_filter,
             )
-        finally:
-            changes.unpersist()
+        else:
+            yield from _last_changes(
+                records, table, keys, op_column, order_by, key_filter, key_rows
+            )
     finally:
         records.unpersist()
+
+
+def _last_changes(
+    records: DataFrame,
+    table: Table,
+    keys: list[str],
+    op_column: str,
+    order_by: str | None,
+    key_filter: BooleanExpression,
+    key_rows: pa.Table | None = None,
+) -> Iterator[_BatchRows]:
+    """The upserts of the last change per key of the (checked) `records`, whose keys
+    the driver may hold already (`key_rows`)."""
+    changes = last_changes(records, keys, op_column, order_by).persist()
+    try:
+        upserts = changes.where(F.col(OP) != DELETE_OP).select(*column_names(table))
+        yield _BatchRows(
+            rows=upserts,
+            changed_keys=lambda: changes.select(*keys),
+            changed_key_rows=key_rows,
+            key_filter=key_filter,
+        )
+    finally:
+        changes.unpersist()
 
 
 def _upsert_rows(

@@ -365,11 +365,30 @@ def unique_keys(table: Table, files: list[DataFile], keys: list[str]) -> pa.Tabl
     if not files:
         return _with_plain_keys(pa.table({k: pa.array([], pa.int64()) for k in keys}), keys)
     found = _key_columns(table, files, keys)
+    return found if unique_rows(found, keys) else None
+
+
+def unique_rows(rows: pa.Table, keys: list[str]) -> bool:
+    """Whether no two of `rows` have the same `keys` (a null is a value like any other)."""
     if len(keys) == 1:
-        distinct = pc.count_distinct(found.column(keys[0]), mode="all").as_py()
+        distinct = pc.count_distinct(rows.column(keys[0]), mode="all").as_py()
     else:
-        distinct = found.group_by(keys).aggregate([]).num_rows
-    return found if distinct == found.num_rows else None
+        distinct = rows.group_by(keys).aggregate([]).num_rows
+    return bool(distinct == rows.num_rows)
+
+
+def key_bounds(table: Table, keys: list[str], found: pa.Table | None) -> dict[str, Any]:
+    """The row of :func:`key_bound_aggregates` over the changed keys `found` (no null
+    among them: a null key is a bad record)."""
+    rows = 0 if found is None else found.num_rows
+    row: dict[str, Any] = {"__ms_rows": rows}
+    for i, key in enumerate(_bounded_keys(table, keys)):
+        assert found is not None or rows == 0
+        bounds = pc.min_max(found.column(key)) if found is not None else None
+        row[f"__ms_min_{i}"] = bounds["min"].as_py() if bounds is not None else None
+        row[f"__ms_max_{i}"] = bounds["max"].as_py() if bounds is not None else None
+        row[f"__ms_known_{i}"] = rows
+    return row
 
 
 def _rows(files: list[DataFile]) -> int:
