@@ -56,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from sqlalchemy import create_engine, text
 
 import spark_barrier
+from bench import jvm_profile
 from bench.common import host_facts, loadavg, package_version, spread
 from examples import warehouse_pipeline as wp
 from examples.embedded import EmbeddedMetaService
@@ -317,15 +318,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     steps_log.setLevel(logging.INFO)
     steps_log.addHandler(collector)
     steps_log.propagate = False  # collected here, not printed
+    recording = root / "driver.jfr"
     with spark_master(args.cluster) as (master, env), EmbeddedMetaService(settings) as url:
         os.environ.update(env)
-        spark = (
-            spark_barrier.local_spark_builder("bench-freshness", master=master)
-            .config("spark.ui.retainedJobs", "20000")  # the run's jobs, for the counts
-            .getOrCreate()
-        )
+        with _jvm_options(recording if args.jvm_profile else None, args):
+            spark = (
+                spark_barrier.local_spark_builder("bench-freshness", master=master)
+                .config("spark.ui.retainedJobs", "20000")  # the run's jobs, for the counts
+                .getOrCreate()
+            )
         spark.sparkContext.setLogLevel("ERROR")
         out["spark_master"] = spark.sparkContext.master
+        cpu = DriverCpu(int(spark._jvm.java.lang.ProcessHandle.current().pid()))  # type: ignore[union-attr]
+        threading.Timer(args.warmup, cpu.start).start()
         register = wp.registrar(spark, url, catalog_properties=catalog, state_dir=root / "state")
         pipeline = wp.build(spark, register, orders_per_second=args.orders_per_second)
         started_ms = int(time.time() * 1000)
@@ -339,6 +344,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             samples, restarts = sample_freshness(
                 client, pipeline, queries, args.warmup + args.seconds
             )
+            out["driver_cpu_cores"] = cpu.cores()
         finally:
             for q in queries.values():
                 spark_barrier.stop_between_batches(q)
@@ -368,8 +374,63 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out["batches"] = batch_breakdown(db_url, started_ms + args.warmup * 1000)
         out["batch_steps_ms"] = collector.summary(started_ms / 1000 + args.warmup)
         out["timeline"] = samples
+    if args.jvm_profile:
+        out["driver_jvm_profile"] = (
+            jvm_profile.summarize(recording) if recording.exists() else {"error": "no recording"}
+        )
     out["loadavg_end"] = loadavg()
     return out
+
+
+@contextlib.contextmanager
+def _jvm_options(recording: Path | None, args: argparse.Namespace) -> Iterator[None]:
+    """JAVA_TOOL_OPTIONS for the driver JVM pyspark launches here: a JFR recording of
+    the measured part (after the warm-up, up to a minute) when ``recording`` is given."""
+    if recording is None:
+        yield
+        return
+    before = os.environ.get("JAVA_TOOL_OPTIONS")
+    duration = min(60, max(10, args.seconds - 10))
+    options = jvm_profile.recording_options(recording, args.warmup + 5, duration)
+    os.environ["JAVA_TOOL_OPTIONS"] = f"{before} {options}" if before else options
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["JAVA_TOOL_OPTIONS"]
+        else:
+            os.environ["JAVA_TOOL_OPTIONS"] = before
+
+
+class DriverCpu:
+    """CPU the driver used from :meth:`start` to :meth:`cores`, in cores: its JVM, and
+    this Python process (the sinks, the embedded MetaService, the sampling)."""
+
+    def __init__(self, jvm_pid: int) -> None:
+        self.jvm_pid = jvm_pid
+        self.started: tuple[float, float, float] | None = None
+
+    def _now(self) -> tuple[float, float, float]:
+        return time.monotonic(), _cpu_s(self.jvm_pid), _cpu_s(os.getpid())
+
+    def start(self) -> None:
+        self.started = self._now()
+
+    def cores(self) -> dict[str, float] | None:
+        if self.started is None:
+            return None
+        (t0, jvm0, py0), (t1, jvm1, py1) = self.started, self._now()
+        return {
+            "seconds": round(t1 - t0, 1),
+            "jvm": round((jvm1 - jvm0) / (t1 - t0), 2),
+            "python": round((py1 - py0) / (t1 - t0), 2),
+        }
+
+
+def _cpu_s(pid: int) -> float:
+    """User and system CPU seconds of a process (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -386,7 +447,15 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="count the driver's Py4J calls by the code that made them (a profile: slower)",
     )
+    parser.add_argument(
+        "--jvm-profile",
+        action="store_true",
+        help="record the driver JVM with Java Flight Recorder over the measured part and "
+        "say where its CPU went (needs the JDK's jfr tool)",
+    )
     args = parser.parse_args(argv)
+    if args.jvm_profile and not jvm_profile.available():
+        parser.error("--jvm-profile needs the JDK's jfr tool on PATH (it ships with JDK 11+)")
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("py4j").setLevel(logging.CRITICAL)
     out = run(args)
@@ -411,6 +480,16 @@ def main(argv: list[str] | None = None) -> None:
             f"  {job}: {jobs['jobs_per_batch_mean']} jobs, "
             f"{took['p50'] if took else 0:.0f} ms ({jobs['batches']} batches)"
         )
+    if out.get("driver_cpu_cores"):
+        cores = out["driver_cpu_cores"]
+        print(
+            f"\n== driver CPU over the measured part: JVM {cores['jvm']} cores, Python {cores['python']} =="
+        )
+    profile = out.get("driver_jvm_profile")
+    if profile and "activities" in profile:
+        print(f"\n== driver JVM: where its CPU went ({profile['samples']} samples) ==")
+        for activity, share in profile["activities"].items():
+            print(f"  {share:6.1%}  {activity}")
     print(f"\nwritten to {args.out}")
 
 
