@@ -97,8 +97,8 @@ def read_changelog(
 
     Read by Spark's Parquet reader on the executors. A range that only added files
     (appends) or only removed some costs no shuffle; netting a rewrite costs one
-    (grouping by every column, so map-typed columns are not supported), pairing
-    updates by `keys` one more.
+    (grouping by every column, so map-typed columns are not supported), by `keys`
+    when given, which serves pairing updates by them too.
     """
     if not files.removed:
         return read_files(spark, table, files.added).withColumn(CHANGE_TYPE, F.lit(INSERT))
@@ -119,21 +119,27 @@ def _changes_query(columns: Sequence[str], keys: Sequence[str]) -> str:
     ways, in one aggregation: exceptAll twice would shuffle twice). With `keys`, a key
     both deleted and inserted was updated: UPDATE_BEFORE and UPDATE_AFTER."""
     listed = ", ".join(quoted(c) for c in columns)
+    by_key = ", ".join(quoted(k) for k in keys)
+    # With keys, the rows are shuffled once, by key: that partitioning serves both the
+    # aggregation by every column (the key among them) and the pairing by key, which
+    # would otherwise shuffle the netted rows a second time.
+    by_key_first = f"DISTRIBUTE BY {by_key}" if keys else ""
     net = f"""
         SELECT {listed},
             CASE WHEN {_COUNT} > 0 THEN '{INSERT}' ELSE '{DELETE}' END AS {CHANGE_TYPE}
         FROM (
             SELECT {listed}, sum({_COUNT}) AS {_COUNT} FROM (
-                SELECT {listed}, -1 AS {_COUNT} FROM {{before}}
-                UNION ALL
-                SELECT {listed}, 1 AS {_COUNT} FROM {{after}}
+                SELECT * FROM (
+                    SELECT {listed}, -1 AS {_COUNT} FROM {{before}}
+                    UNION ALL
+                    SELECT {listed}, 1 AS {_COUNT} FROM {{after}}
+                ) {by_key_first}
             ) GROUP BY {listed}
         )
         LATERAL VIEW explode(array_repeat(0, CAST(abs({_COUNT}) AS INT))) {_COPY}s AS {_COPY}
     """
     if not keys:
         return net
-    by_key = ", ".join(quoted(k) for k in keys)
 
     def seen(kind: str) -> str:
         return f"max(CAST({CHANGE_TYPE} = '{kind}' AS INT)) OVER (PARTITION BY {by_key}) = 1"
