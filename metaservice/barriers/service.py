@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from graphlib import TopologicalSorter
 from typing import NamedTuple
 
 from sqlalchemy.orm import Session
@@ -29,7 +30,6 @@ from metaservice.errors import Conflict, Invalid, NotFound
 from metaservice.models import DERIVED, SOURCE, Batch, BatchPlan, Job, Table
 from metaservice.revisions import repository as revision_repo
 from metaservice.topology import repository as topo
-from metaservice.topology.graph import job_node
 
 log = logging.getLogger("metaservice.barriers")
 
@@ -613,68 +613,112 @@ def _aligned_target(
     return fr.aligned_target(start, limit, ctx.interval, candidates)
 
 
-def advance_idle(session: Session, ctx: Context, job: Job) -> bool:
-    """Advance an idle derived job: when none of its inputs changed between its frontier
-    and its next target, its outputs are already exact there (G2: an idle job never
-    holds readers back). Recorded as a committed batch of the MetaService's own.
+def advance_idle_many(session: Session, ctx: Context, jobs: Sequence[Job]) -> None:
+    """Advance idle derived jobs among these, and their idle derived upstream: when none
+    of a job's inputs changed between its frontier and its next target, its outputs are
+    already exact there (G2: an idle job never holds readers back). Each advance is
+    recorded as a committed batch of the MetaService's own.
 
     Not while a batch is open: it may commit a snapshot stamped at or below the new
     frontier, which would change a version already handed out. A batch only planned
     (a driver that stopped before running it) does not hold the advance back: asked
     for later, a planned batch that ends at or below the frontier is refused as an
-    empty range, so it never commits. Locks the job; its upstream derived jobs are
-    advanced first, through ``_choose_target``.
+    empty range, so it never commits. The upstream of a job is looked past only when
+    the job itself might move (it is locked, has no open batch and every input has a
+    writer).
 
     A job whose row another transaction holds locked (its own batch, report or round,
     or another reader advancing it) is left as it is: its frontier as committed is a
     lower bound, and the next call tries again. Waiting for it made every downstream
-    round queue behind its upstream's requests (issue 13).
+    round queue behind its upstream's requests (issue 13). Rows are only ever taken
+    with ``SKIP LOCKED`` here (derived jobs, then the sources sealed under them), so
+    this never waits for a lock and cannot deadlock.
+
+    Set-based: the upstream closure, its locks, open batches, inputs, writers, the
+    sources' seal, the inputs' first changes and the committed barriers the targets
+    are aligned to are a statement each for the whole closure; the jobs are then
+    advanced in memory, upstream first, each once, as far as it can go (several
+    aligned steps for a job far behind), and written together. Walking the upstream
+    job by job cost about 12 statements per job and visited a job once per path to
+    it: about 1,100 statements for 50 tables of the 1,000-table bench topology.
     """
-    if job.kind != DERIVED:
-        return False
-    locked = repo.try_lock_job(session, job.id)
-    if locked is None:
-        return False
-    job = locked
-    if repo.open_batch(session, job.id) is not None:
-        return False
-    target = _choose_target(session, ctx, job, job.frontier)
-    if target is None:
-        return False
-    inputs = [t.id for t in topo.input_tables(session, job.id)]
-    if not inputs or repo.inputs_changed(session, inputs, job.frontier, target):
-        return False
-    session.add(
-        Batch(
-            job_id=job.id,
-            batch_id=-target,
-            barrier=target,
-            start_barrier=job.frontier,
-            committed=True,
-            advanced=True,
-            created_ms=ctx.now_ms(),
-            committed_ms=ctx.now_ms(),
-        )
+    wanted = sorted({j.id for j in jobs if j.kind == DERIVED})
+    if not wanted:
+        return
+    locked = repo.try_lock_jobs(session, repo.derived_upstream(session, wanted))
+    busy = repo.jobs_with_open_batches(session, list(locked))
+    inputs = topo.input_tables_of_jobs(session, sorted(set(locked) - busy))
+    writer_ids = {t.writer_id for ts in inputs.values() for t in ts if t.writer_id is not None}
+    writers: dict[int, Job] = {
+        **topo.jobs_by_ids(session, sorted(writer_ids - set(locked))),
+        **locked,
+    }
+    # The jobs that might move: from the wanted ones up through jobs that might move
+    # themselves, as a job's own target request looks at its upstream.
+    movable: dict[int, list[int]] = {}  # job id -> ids of its input tables' writers
+    stack = [j for j in wanted if j in locked]
+    while stack:
+        job_id = stack.pop()
+        if job_id in movable or job_id in busy or job_id not in locked:
+            continue
+        tables = inputs.get(job_id, [])
+        if not tables or any(t.writer_id is None or t.writer_id not in writers for t in tables):
+            continue  # an input nobody writes has no frontier yet
+        ids = sorted({t.writer_id for t in tables if t.writer_id is not None})
+        movable[job_id] = ids
+        stack.extend(w for w in ids if writers[w].kind == DERIVED)
+    if not movable:
+        return
+    sources = [writers[w] for w in sorted({w for ids in movable.values() for w in ids})]
+    sources = [w for w in sources if w.kind == SOURCE]
+    fr.seal_sources(session, ctx, sources)
+    front = fr.frontiers(session, ctx, sources)  # then each derived writer's, as it moves
+    front.update(
+        (w, writers[w].frontier) for ids in movable.values() for w in ids if w not in front
     )
-    job.frontier = target
-    job.pending_target = None
-    session.flush()
-    return True
-
-
-def advance_idle_many(session: Session, ctx: Context, jobs: Sequence[Job]) -> None:
-    """:func:`advance_idle` for several jobs, downstream ones first.
-
-    Job rows are locked downstream before upstream, and upstream before the source
-    jobs sealed under them, as a derived job's own target request does; any other
-    order could deadlock against it on PostgreSQL.
-    """
-    derived = [j for j in jobs if j.kind == DERIVED]
-    if not derived:
-        return  # nothing to order: spare the topology version's read
-    order = ctx.graph.order(session)
-    for job in sorted(derived, key=lambda j: -order.get(job_node(j.name), 0)):
-        advance_idle(session, ctx, job)
+    first = repo.first_changes(session, sorted(movable))
+    # A reader's target lies in (its frontier, its first change): only those of its
+    # derived writers' committed barriers can be candidates.
+    ranges: dict[tuple[int, int | None], set[int]] = {}
+    for job_id, ids in movable.items():
+        key = (locked[job_id].frontier, first.get(job_id))
+        ranges.setdefault(key, set()).update(w for w in ids if writers[w].kind == DERIVED)
+    committed = repo.committed_in_ranges(session, ranges)
+    order = TopologicalSorter({j: [w for w in ids if w in movable] for j, ids in movable.items()})
+    now = ctx.now_ms()
+    batches: list[Batch] = []
+    moved: dict[Job, int] = {}
+    for job_id in order.static_order():
+        job = locked[job_id]
+        ids = movable[job_id]
+        limit = min(front[w] for w in ids)
+        derived = [committed[w] for w in ids if writers[w].kind == DERIVED]
+        changed = first.get(job_id)
+        at = job.frontier
+        while True:
+            candidates = sorted(set.intersection(*derived)) if derived else None
+            target = fr.aligned_target(at, limit, ctx.interval, candidates)
+            if target is None or (changed is not None and changed <= target):
+                break
+            batches.append(
+                Batch(
+                    job_id=job.id,
+                    batch_id=-target,
+                    barrier=target,
+                    start_barrier=at,
+                    committed=True,
+                    abandoned=False,
+                    advanced=True,
+                    created_ms=now,
+                    committed_ms=now,
+                )
+            )
+            at = target
+            committed.setdefault(job_id, set()).add(target)  # a candidate for its readers
+        front[job_id] = at
+        if at != job.frontier:
+            moved[job] = at
+    repo.write_advances(session, batches, moved)
 
 
 def could_advance(session: Session, ctx: Context, jobs: Sequence[Job]) -> bool:

@@ -349,6 +349,12 @@ def test_a_job_spark_runs_behind_an_advance_catches_up_without_reading_twice(cli
     clock.advance(50 * SLOT)
     advanced = consistent(client, "dw.d").json()["barrier"]
     assert advanced > b0  # advanced while Spark was away, still at offset b0
+    # One read takes every aligned step up to its input's frontier (the last closed slot)
+    source = get_json(client, "/jobs/s")["frontier"]
+    assert advanced == get_json(client, "/jobs/d")["frontier"] == source
+    # Spark, still at b0, plans its next batch a slot later: past the advance, reading
+    # nothing it read before (at once, it would be refused as empty: test above).
+    clock.advance(SLOT)
     nxt = next_barrier(client, "d", after=b0, source="ods.s")
     assert nxt["ready"] and nxt["barrier"] >= advanced
     view = ask(client, "d", 1, start=b0, end=nxt["barrier"]).json()
