@@ -329,23 +329,35 @@ def _match_on_driver(
             return None
     if any(wanted.column(k).null_count for k in keys):
         return None
+    held = [_key_columns(table, [data_file], keys) for data_file in candidates]
     affected, partly = [], []
-    for data_file in candidates:
-        held = _key_columns(table, [data_file], keys)
-        hits = _rows_holding(held, wanted.select(keys).cast(held.schema), keys)
+    for data_file, rows, hits in zip(candidates, held, _hits(held, wanted, keys), strict=True):
         if hits:
             affected.append(data_file)
-            if hits < held.num_rows:
+            if hits < rows.num_rows:
                 partly.append(data_file)
     return _SmallMatch(affected, wanted, partly)
 
 
-def _rows_holding(held: pa.Table, wanted: pa.Table, keys: list[str]) -> int:
-    """How many rows of `held` have a key of `wanted` (neither holds a null key)."""
-    if len(keys) == 1:  # a set lookup: cheaper than a join
-        found = pc.is_in(held.column(keys[0]), value_set=wanted.column(keys[0]).combine_chunks())
-        return int(pc.sum(found).as_py() or 0)
-    return int(held.join(wanted, keys=keys, join_type="left semi").num_rows)
+def _hits(held: list[pa.Table], wanted: pa.Table, keys: list[str]) -> list[int]:
+    """How many rows of each of `held` have a key of `wanted` (neither holds a null key)."""
+    if not held:
+        return []
+    probe = wanted.select(keys).cast(held[0].schema)
+    if len(keys) > 1:
+        return [int(rows.join(probe, keys=keys, join_type="left semi").num_rows) for rows in held]
+    # One set lookup over every file's keys: the set of `wanted` is built once.
+    found = pc.is_in(
+        pa.chunked_array(
+            [c for rows in held for c in rows.column(keys[0]).chunks], probe.schema[0].type
+        ),
+        value_set=probe.column(keys[0]).combine_chunks(),
+    )
+    counts, start = [], 0
+    for rows in held:
+        counts.append(int(pc.sum(found.slice(start, rows.num_rows)).as_py() or 0))
+        start += rows.num_rows
+    return counts
 
 
 def may_check_keys_on_driver(table: Table, keys: list[str], rows: int) -> bool:
