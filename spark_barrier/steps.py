@@ -16,7 +16,10 @@ the reading and transforming of a batch's rows (and for a small CDC batch its ch
 one Spark job, see ``iceberg.cdc_write``; a CDC batch Spark's writer writes is checked
 first, in ``cdc_check``); ``inputs`` and ``transform`` are what the driver does before that
 (planning files, waiting for a lookup to be exact). A dotted name is a part of the step
-before the dot (``commit.match`` is inside ``commit``).
+before the dot (``commit.match`` is inside ``commit``): for instance ``write.keys``, an
+upsert batch's keys read back to check they are unique, ``write.deduped``, the batch
+written again reduced to its last row per key when they were not, and
+``cdc_check.keys``, a CDC batch's changed keys brought to the driver for the match.
 """
 
 from __future__ import annotations

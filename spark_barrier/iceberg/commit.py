@@ -155,7 +155,10 @@ def commit_batch(
                     batch.rows, folder, table, log_target=log_target, expected_rows=expected
                 )
         if batch.dedupe is not None:
-            added = _unique_or_deduped(batch, batch.dedupe, added, table, keys, folder, expected)
+            with step("write"):  # its parts: write.keys, and write.deduped when needed
+                added = _unique_or_deduped(
+                    batch, batch.dedupe, added, table, keys, folder, expected
+                )
             stamp = {**stamp, UNIQUE_KEYS_KEY: str(batch.changed_key_rows is not None).lower()}
         elif keys and op_column is None and previous_unique_keys(table) is False:
             stamp = {**stamp, UNIQUE_KEYS_KEY: "false"}  # still reduced first, next time too
@@ -329,9 +332,9 @@ def _batch_rows(
             bounds = check_changes(
                 records, keys, op_column, where, key_bound_aggregates(table, keys)
             )
-        key_filter = key_filter_from_bounds(table, keys, bounds)
-        with step("cdc_check.keys"):
-            key_rows = changed_keys_on_driver(table, records, keys, bounds)
+            key_filter = key_filter_from_bounds(table, keys, bounds)
+            with step("cdc_check.keys"):  # (a part of cdc_check, as dotted steps are)
+                key_rows = changed_keys_on_driver(table, records, keys, bounds)
         if key_rows is not None and unique_rows(key_rows, keys):
             # Each key's one record is its last change: no reduction to write.
             upserts = records.where(normalized_op(op_column) != DELETE_OP)

@@ -110,12 +110,17 @@ def test_demo_cdc_pipeline_is_right_at_every_consistent_version(spark, service, 
     finally:
         _stop(queries, pipeline.jobs.values())
 
-    # Every batch logs where its time went, derived batches from planning to report.
-    timed = {r.job: r.steps for r in caplog.records if hasattr(r, "steps")}
+    # Every batch logs where its time went, derived batches from planning to report (a
+    # batch with no rows to write has no commit: the job's last one may be such a batch).
+    timed: dict[str, list[set[str]]] = {}
+    for record in caplog.records:
+        if hasattr(record, "steps"):
+            timed.setdefault(record.job, []).append(set(record.steps))
     assert set(timed) == set(pipeline.jobs), sorted(timed)
-    assert {"plan", "barrier", "inputs", "transform", "write", "commit", "report"} <= set(
-        timed["aggregate_revenue"]
-    ), timed["aggregate_revenue"]
+    every_step = {"plan", "barrier", "inputs", "transform", "write", "commit", "report"}
+    assert any(every_step <= steps for steps in timed["aggregate_revenue"]), timed[
+        "aggregate_revenue"
+    ][-3:]
 
     # Deletes and updates happened: cancelled orders are gone from the ODS table.
     orders = service.catalog.load_table(wp.ORDERS)
