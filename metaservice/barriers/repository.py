@@ -134,21 +134,11 @@ def lock_job(session: Session, job_id: int) -> Job:
     return job
 
 
-def try_lock_job(session: Session, job_id: int) -> Job | None:
-    """The job row, locked, or None when another transaction holds it locked (``SKIP
-    LOCKED``) or it was deleted: for work that may just be left to a later call."""
-    return session.execute(
-        select(Job)
-        .where(Job.id == job_id)
-        .with_for_update(skip_locked=True)
-        .execution_options(populate_existing=True)
-    ).scalar_one_or_none()
-
-
 def try_lock_jobs(session: Session, job_ids: Sequence[int]) -> dict[int, Job]:
-    """:func:`try_lock_job` for several jobs in one statement: the rows locked, by id;
-    a row another transaction holds locked (``SKIP LOCKED``), or a deleted job, is left
-    out. Never waits, so the order rows are taken in cannot deadlock."""
+    """The jobs' rows, locked in one statement, by id: work that may just be left to a
+    later call, so a row another transaction holds locked (``SKIP LOCKED``), or a
+    deleted job, is left out. Never waits, so the order rows are taken in cannot
+    deadlock."""
     if not job_ids:
         return {}
     rows = session.execute(
@@ -183,8 +173,8 @@ def derived_upstream(session: Session, job_ids: Sequence[int]) -> list[int]:
 def first_changes(session: Session, job_ids: Sequence[int]) -> dict[int, int]:
     """For each job, the lowest barrier above its frontier (as stored) at which one of
     its inputs got a snapshot; jobs none of whose inputs changed since are left out.
-    One index seek per input (:func:`inputs_changed` for many jobs at once: the job's
-    inputs changed in ``(frontier, b]`` exactly when its first change is ``<= b``)."""
+    One index seek per input; a job's inputs changed in ``(frontier, b]`` exactly when
+    its first change is ``<= b``."""
     if not job_ids:
         return {}
     first = (
@@ -725,25 +715,6 @@ def batch_input_tables(session: Session, job_id: int, batch_id: int) -> list[Tab
             .where(BatchInput.job_id == job_id, BatchInput.batch_id == batch_id)
             .order_by(Table.name)
         ).scalars()
-    )
-
-
-def inputs_changed(session: Session, table_ids: Sequence[int], after: int, upto: int) -> bool:
-    """Whether any of the tables got a snapshot with a barrier in (after, upto]."""
-    if not table_ids:
-        return False
-    return (
-        session.execute(
-            select(Commit.id)
-            .where(
-                Commit.table_id.in_(table_ids),
-                Commit.snapshot_id.is_not(None),
-                Commit.barrier > after,
-                Commit.barrier <= upto,
-            )
-            .limit(1)
-        ).first()
-        is not None
     )
 
 
