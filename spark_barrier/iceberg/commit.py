@@ -214,22 +214,22 @@ def _unique_or_deduped(
 def previous_unique_keys(table: Table) -> bool | None:
     """Whether the upsert batch of the table's current snapshot had unique keys (None:
     not known)."""
-    snapshot = table.current_snapshot()
-    value = (
-        None
-        if snapshot is None or snapshot.summary is None
-        else snapshot.summary.get(UNIQUE_KEYS_KEY)
-    )
+    value = _current_summary(table, UNIQUE_KEYS_KEY)
     return None if value is None else value == "true"
 
 
 def previous_batch_rows(table: Table) -> int | None:
     """The rows the batch of the table's current snapshot wrote, when a batch made it."""
+    value = _current_summary(table, BATCH_ROWS_KEY)
+    return int(value) if value is not None and value.isdigit() else None
+
+
+def _current_summary(table: Table, key: str) -> str | None:
+    """A value of the table's current snapshot's summary (None: no snapshot, or no such key)."""
     snapshot = table.current_snapshot()
     if snapshot is None or snapshot.summary is None:
         return None
-    value = snapshot.summary.get(BATCH_ROWS_KEY)
-    return int(value) if value is not None and value.isdigit() else None
+    return snapshot.summary.get(key)
 
 
 def _attempt(

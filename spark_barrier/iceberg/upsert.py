@@ -306,8 +306,7 @@ def _match_on_driver(
     key type or a null key whose matching Spark's null-safe join must decide). The
     keys come from `changed_key_rows`, else `changed_key_files`, else a Spark job
     over the DataFrame `changed_keys()` builds."""
-    schema = table.schema()
-    if not all(isinstance(schema.find_field(k).field_type, _DRIVER_MATCH_KEY_TYPES) for k in keys):
+    if not _driver_matches_key_types(table, keys):
         return None
     if len(candidates) > DRIVER_MATCH_MAX_FILES or _rows(candidates) > DRIVER_MATCH_MAX_ROWS:
         return None
@@ -362,10 +361,14 @@ def _hits(held: list[pa.Table], wanted: pa.Table, keys: list[str]) -> list[int]:
 
 def may_check_keys_on_driver(table: Table, keys: list[str], rows: int) -> bool:
     """Whether :func:`unique_keys` reads the keys of a batch of `rows` rows."""
+    return rows <= DRIVER_MATCH_MAX_ROWS and _driver_matches_key_types(table, keys)
+
+
+def _driver_matches_key_types(table: Table, keys: list[str]) -> bool:
+    """Whether every key is of a type whose Arrow values Spark and pyiceberg agree on
+    (see _DRIVER_MATCH_KEY_TYPES), so the driver may read and match the keys itself."""
     schema = table.schema()
-    return rows <= DRIVER_MATCH_MAX_ROWS and all(
-        isinstance(schema.find_field(k).field_type, _DRIVER_MATCH_KEY_TYPES) for k in keys
-    )
+    return all(isinstance(schema.find_field(k).field_type, _DRIVER_MATCH_KEY_TYPES) for k in keys)
 
 
 def unique_keys(table: Table, files: list[DataFile], keys: list[str]) -> pa.Table | None:
