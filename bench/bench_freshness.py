@@ -57,7 +57,7 @@ from sqlalchemy import create_engine, text
 
 import spark_barrier
 from bench import jvm_profile
-from bench.common import host_facts, loadavg, package_version, spread
+from bench.common import host_facts, loadavg, package_version, process_cpu_s, spread
 from examples import warehouse_pipeline as wp
 from examples.embedded import EmbeddedMetaService
 from metaservice.client import ConflictError, MetaServiceClient
@@ -411,7 +411,7 @@ class DriverCpu:
         self.started: tuple[float, float, float] | None = None
 
     def _now(self) -> tuple[float, float, float]:
-        return time.monotonic(), _cpu_s(self.jvm_pid), _cpu_s(os.getpid())
+        return time.monotonic(), process_cpu_s(self.jvm_pid), process_cpu_s(os.getpid())
 
     def start(self) -> None:
         self.started = self._now()
@@ -425,12 +425,6 @@ class DriverCpu:
             "jvm": round((jvm1 - jvm0) / (t1 - t0), 2),
             "python": round((py1 - py0) / (t1 - t0), 2),
         }
-
-
-def _cpu_s(pid: int) -> float:
-    """User and system CPU seconds of a process (``/proc/PID/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -58,7 +57,7 @@ from openlineage.client.transport.http import HttpCompression, HttpConfig, HttpT
 from sqlalchemy import func, select
 
 from bench.bench_service import Server, calibration_ms, cpu_share, database, service
-from bench.common import host_facts, loadavg, package_version, percentile
+from bench.common import host_facts, loadavg, package_version, percentile, process_cpu_s
 from metaservice.db import make_engine
 from metaservice.models import OpenLineageEvent
 
@@ -227,11 +226,6 @@ class Sender:
             self.ol.close()
 
 
-def proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def machine_busy() -> tuple[float, float]:
     """(busy, total) jiffies of all CPUs, from /proc/stat."""
     values = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -268,7 +262,7 @@ def run_phase(server: Server, phase: str, threads: int, seconds: float) -> dict[
     with _connects_lock:
         _connects = 0
     server_cpu0, client_cpu0, busy0 = (
-        proc_cpu_s(server.proc.pid),
+        process_cpu_s(server.proc.pid),
         time.process_time(),
         machine_busy(),
     )
@@ -278,7 +272,7 @@ def run_phase(server: Server, phase: str, threads: int, seconds: float) -> dict[
     for w in workers:
         w.join()
     wall = time.perf_counter() - t0
-    server_cpu = proc_cpu_s(server.proc.pid) - server_cpu0
+    server_cpu = process_cpu_s(server.proc.pid) - server_cpu0
     client_cpu = time.process_time() - client_cpu0
     busy1 = machine_busy()
     for s in senders:

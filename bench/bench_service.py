@@ -96,7 +96,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from sqlalchemy import create_engine, event, insert, text, update
 
-from bench.common import package_version, pg_schema
+from bench.common import package_version, pg_schema, process_cpu_s
 from metaservice.db import make_engine, normalise_url
 from metaservice.migrate import upgrade
 from metaservice.models import DERIVED, SOURCE, Batch, ClockState, Commit, Job, JobInput, Table
@@ -1784,10 +1784,9 @@ def _kept_up(jobs: list[_FleetJob], seconds: float) -> dict[str, Any]:
 def _proc_cpu_s(pid: int) -> float | None:
     """CPU seconds (user + system) of a process so far, from /proc."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return process_cpu_s(pid)
     except (OSError, IndexError):
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _postgres_pids() -> list[int]:

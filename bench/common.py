@@ -42,6 +42,13 @@ def host_facts() -> dict[str, Any]:
     }
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far, from ``/proc/PID/stat``
+    (OSError when the process is gone)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile."""
     ordered = sorted(values)
