@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import networkx as nx
@@ -12,6 +13,7 @@ from metaservice.barriers import repository as barrier_repo
 from metaservice.barriers import service as barrier_service
 from metaservice.context import Context
 from metaservice.errors import Invalid, NotFound, TooLarge
+from metaservice.lineage import repository as repo
 from metaservice.lineage.schemas import Edge, LineageGraph, Node, SnapshotLineage
 from metaservice.names import check_table_name
 from metaservice.openlineage.service import with_observed
@@ -21,10 +23,8 @@ from metaservice.topology.graph import table_node
 DIRECTIONS = ("upstream", "downstream", "both")
 
 
-def table_lineage(
-    session: Session, ctx: Context, table: str, direction: str, depth: int | None
-) -> LineageGraph:
-    """The jobs and tables around ``table``; ``depth`` counts jobs away from it."""
+def check_query(ctx: Context, table: str, direction: str, depth: int | None) -> None:
+    """422 or 413 for a lineage query the service will not answer, before any read."""
     check_table_name(table)
     if direction not in DIRECTIONS:
         raise Invalid(f"direction must be one of {', '.join(DIRECTIONS)}", field="direction")
@@ -32,7 +32,36 @@ def table_lineage(
         raise TooLarge(
             f"depth {depth} is over the limit of {ctx.settings.max_lineage_depth}", field="depth"
         )
-    graph = with_observed(session, ctx.graph.get(session))
+
+
+def cached_lineage(
+    session: Session, ctx: Context, table: str, direction: str, depth: int | None
+) -> LineageGraph | None:
+    """The answer from the cached graph after one statement (run it with
+    ``Database.read_single``): None when the topology moved since the graph was built,
+    or when observed lineage must be added; :func:`table_lineage` answers then.
+
+    The statement is the cross-replica check: it reads the database's topology version,
+    and the cached graph is used only if it was built at that version."""
+    version, observed = repo.topology_state(session)
+    graph = None if observed else ctx.graph.cached(version)
+    return None if graph is None else lineage_of(graph, table, direction, depth)
+
+
+def table_lineage(
+    session: Session, ctx: Context, table: str, direction: str, depth: int | None
+) -> LineageGraph:
+    """The jobs and tables around ``table``; ``depth`` counts jobs away from it."""
+    check_query(ctx, table, direction, depth)
+    version, observed = repo.topology_state(session)
+    graph = ctx.graph.get(session, version)
+    if observed:
+        graph = with_observed(session, graph)
+    return lineage_of(graph, table, direction, depth)
+
+
+def lineage_of(graph: nx.DiGraph, table: str, direction: str, depth: int | None) -> LineageGraph:
+    """The part of ``graph`` around ``table`` (404 if the graph has no such table)."""
     root = table_node(table)
     if root not in graph:
         raise NotFound(
@@ -43,14 +72,20 @@ def table_lineage(
     hops = None if depth is None else 2 * depth  # table -> job -> table is two edges
     reached = {root}
     if direction in ("upstream", "both"):
-        reached |= _walk(graph, root, hops, upstream=True)
+        reached |= _walk(graph.pred, root, hops)
     if direction in ("downstream", "both"):
-        reached |= _walk(graph, root, hops, upstream=False)
-    nodes = [_node(n, graph.nodes[n]) for n in sorted(reached)]
-    sub = graph.subgraph(reached)
+        reached |= _walk(graph.succ, root, hops)
+    attributes = graph.nodes
+    nodes = [_node(n, attributes[n]) for n in sorted(reached)]
+    # The edges among the nodes reached, read off the adjacency: a networkx subgraph
+    # view cost more than the rest of the answer.
+    succ = graph.succ
     edges = [
-        Edge(source=u, target=v, observed=sub.edges[u, v].get("observed", False))
-        for u, v in sorted(sub.edges())
+        Edge(source=u, target=v, observed=data.get("observed", False))
+        for u, v, data in sorted(
+            ((u, v, data) for u in reached for v, data in succ[u].items() if v in reached),
+            key=lambda e: (e[0], e[1]),
+        )
     ]
     return LineageGraph(root=root, direction=direction, depth=depth, nodes=nodes, edges=edges)
 
@@ -68,15 +103,16 @@ def _node(node_id: str, data: dict[str, Any]) -> Node:
     )
 
 
-def _walk(graph: nx.DiGraph, root: str, hops: int | None, *, upstream: bool) -> set[str]:
-    step = graph.predecessors if upstream else graph.successors
+def _walk(step: Mapping[str, Iterable[str]], root: str, hops: int | None) -> set[str]:
+    """The nodes ``step`` (the graph's predecessors or successors) reaches from ``root``
+    in at most ``hops`` steps (all when None)."""
     seen = {root}
     queue = deque([(root, 0)])
     while queue:
         node, dist = queue.popleft()
         if hops is not None and dist >= hops:
             continue
-        for nxt in step(node):
+        for nxt in step[node]:
             if nxt not in seen:
                 seen.add(nxt)
                 queue.append((nxt, dist + 1))

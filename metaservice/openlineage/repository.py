@@ -40,12 +40,6 @@ def edge_exists(session: Session, job_id: int, dataset_id: int, direction: str) 
     return session.get(ObservedEdge, (job_id, dataset_id, direction)) is not None
 
 
-def anything_observed(session: Session) -> bool:
-    return session.execute(select(exists().select_from(ObservedJob))).scalar_one() or bool(
-        session.execute(select(exists().select_from(ObservedDataset))).scalar_one()
-    )
-
-
 def all_observed(
     session: Session,
 ) -> tuple[Sequence[ObservedJob], Sequence[ObservedDataset], Sequence[ObservedEdge]]:

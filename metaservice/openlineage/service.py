@@ -283,9 +283,8 @@ def known_tables(barrier: nx.DiGraph, datasets: Sequence[ObservedDataset]) -> se
 
 def with_observed(session: Session, barrier: nx.DiGraph) -> nx.DiGraph:
     """The barrier topology with the observed jobs and datasets added, marked
-    ``observed``; the barrier graph itself (cached, shared) is never changed."""
-    if not repo.anything_observed(session):
-        return barrier
+    ``observed``: a copy, the barrier graph itself (cached, shared) is never changed.
+    Callers ask first whether anything was observed (lineage.repository.topology_state)."""
     graph = barrier.copy()
     jobs, datasets, edges = repo.all_observed(session)
     tables = known_tables(barrier, datasets)

@@ -66,6 +66,12 @@ class TopologyCache:
             self._refresh(session, version)
             return self._graph
 
+    def cached(self, version: int) -> nx.DiGraph | None:
+        """The graph if it is the one of ``version`` (read by the caller), else None:
+        the caller then builds it with :meth:`get` in a transaction."""
+        with self._lock:
+            return self._graph if version == self._version else None
+
     def order(self, session: Session) -> dict[str, int]:
         """Each node's place in a topological order of the current graph (upstream
         first), computed once per topology version: sorting the whole graph on every

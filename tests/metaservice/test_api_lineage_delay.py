@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
+from metaservice.app import create_app
 from metaservice.db import normalise_url
 from tests.metaservice.helpers import (
     API,
@@ -139,6 +141,58 @@ def test_lineage_follows_topology_changes(client):
     down = _lineage(client, table="ods.orders", direction="downstream")
     assert "job:audit" not in _ids(down)
     assert "job:audit" in _ids(_lineage(client, table="ods.items", direction="downstream"))
+
+
+def test_lineage_on_one_replica_follows_a_topology_change_made_on_another(settings, clock):
+    """Each replica caches the graph; the topology version in the database tells a
+    replica that another one changed the jobs since it built its graph."""
+    with (
+        TestClient(create_app(settings, clock)) as one,
+        TestClient(create_app(settings, clock)) as other,
+    ):
+        _warehouse(one)
+        assert "job:audit" in _ids(_lineage(one, table="ods.orders", direction="downstream"))
+        put_job(other, "audit", ["dw.audit"], inputs=["ods.items"])
+        assert "job:audit" not in _ids(_lineage(one, table="ods.orders", direction="downstream"))
+        assert "job:audit" in _ids(_lineage(one, table="ods.items", direction="downstream"))
+
+
+def test_lineage_answers_exact_bytes_and_shows_events_observed_after_caching(client):
+    """The answer's JSON byte for byte (fields in schema order, an observed node's three
+    fields only on it); OpenLineage events change no topology version, and the cached
+    graph still shows what they observed."""
+    _warehouse(client)
+    r = client.get(f"{API}/lineage", params={"table": "dws.revenue", "depth": 1})
+    assert r.status_code == 200
+    assert r.headers["content-type"] == "application/json"
+    assert r.content == (
+        b'{"root":"table:dws.revenue","direction":"both","depth":1,"nodes":['
+        b'{"id":"job:agg","kind":"job","name":"agg"},'
+        b'{"id":"table:dw.detail","kind":"table","name":"dw.detail"},'
+        b'{"id":"table:dws.revenue","kind":"table","name":"dws.revenue"}],"edges":['
+        b'{"source":"job:agg","target":"table:dws.revenue"},'
+        b'{"source":"table:dw.detail","target":"job:agg"}]}'
+    )
+    event = {
+        "eventType": "COMPLETE",
+        "eventTime": "2026-11-27T10:00:00Z",
+        "producer": "https://example.com/producer",
+        "schemaURL": "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/RunEvent",
+        "run": {"runId": "9a3c6f3e-5d2b-4e0e-8a43-2f1e3c0d7b11"},
+        "job": {"namespace": "spark", "name": "report"},
+        "inputs": [{"namespace": "iceberg", "name": "dws.revenue"}],
+        "outputs": [],
+    }
+    assert client.post(f"{API}/lineage", json=event).status_code == 201
+    r = client.get(f"{API}/lineage", params={"table": "dws.revenue", "direction": "downstream"})
+    assert r.status_code == 200
+    assert r.content == (
+        b'{"root":"table:dws.revenue","direction":"downstream","depth":null,"nodes":['
+        b'{"id":"job:spark/report","kind":"job","name":"report","observed":true,'
+        b'"source":"openlineage","namespace":"spark"},'
+        b'{"id":"table:dws.revenue","kind":"table","name":"dws.revenue"}],"edges":['
+        b'{"source":"table:dws.revenue","target":"job:spark/report","observed":true}]}'
+    )
 
 
 def test_lineage_bad_parameters_give_4xx(client, db_url):
