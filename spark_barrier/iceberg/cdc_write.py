@@ -1,4 +1,4 @@
-"""A CDC batch whose files Python workers write, in one Spark job.
+"""A CDC batch whose files pyiceberg's writer writes, in one Spark job.
 
 The general path of a CDC batch (``commit._batch_rows``) runs three Spark jobs before
 its commit: the check of the records (a null key, an unknown op) with the changed
@@ -7,12 +7,14 @@ changed keys that tells the driver which current files to rewrite. Each job cost
 the driver its planning and scheduling whatever the batch's size: at a demo's few
 hundred rows a second, most of a batch's time.
 
-When the batch's files are written by Python workers anyway (a batch expected to be
-small: see :func:`~spark_barrier.iceberg.native_write.why_not_native`), the tasks
+When the batch's files are written by pyiceberg's writer anyway (a batch expected to
+be small: see :func:`~spark_barrier.iceberg.native_write.why_not_native`), the tasks
 that write them do the rest in the same job: each task checks its records, writes
 the upserted rows of its keys' last changes and sends the driver its changed keys
 (up to ``MAX_KEYS`` in all; past that the driver asks Spark for the keys' bounds
-and matches them in Spark, as the general path does).
+and matches them in Spark, as the general path does). The tasks run in Python
+workers, or, for a batch expected to be very small, as one task on the driver over
+the batch's changes collected as Arrow (:func:`~spark_barrier.iceberg.files.run_write_task`).
 
 The answer is the general path's: the same last change per key (the records are
 partitioned by key, so a key's records, and whether any is bad, meet in one task),
@@ -57,6 +59,7 @@ from spark_barrier.iceberg.files import (
     _of_default_spec,
     _writer_metadata,
     column_names,
+    run_write_task,
 )
 from spark_barrier.iceberg.upsert import (
     ARRIVAL,
@@ -109,11 +112,14 @@ def write_cdc_batch(
     op_column: str,
     order_by: str | None,
     where: str,
+    expected_rows: int | None = None,
 ) -> CdcWritten:
     """Check `records` (the table's columns, `op_column` and maybe `order_by`), write
     the last change per key of the upserted keys as data files of `table` under the
-    new `folder` (Python workers), and bring back the changed keys: one Spark job.
-    Raises CdcInputError (files may be left in `folder`: the caller deletes it)."""
+    new `folder` (Python workers, or the driver for a batch expected to be small: see
+    :func:`~spark_barrier.iceberg.files.run_write_task`), and bring back the changed
+    keys: one Spark job. Raises CdcInputError (files may be left in `folder`: the
+    caller deletes it)."""
     max_keys = MAX_KEYS
     columns = column_names(table)
     changes = sql_over({"records": records}, _changes_query(columns, keys, op_column, order_by))
@@ -125,7 +131,7 @@ def write_cdc_batch(
         key_positions=[columns.index(k) for k in keys],
         max_keys=max_keys,
     )
-    results = changes.mapInArrow(task, _RESULT_TYPE).collect()
+    results = run_write_task(changes, task, _RESULT_TYPE, table, expected_rows)
     if sum(row["bad"] or 0 for row in results):
         check_changes(records, keys, op_column, where)  # raises, naming the records
         raise CdcInputError(
@@ -180,8 +186,9 @@ def _cdc_task(
     key_positions: Sequence[int],
     max_keys: int,
 ) -> Iterator[pa.RecordBatch]:
-    """One Spark task of :func:`write_cdc_batch` (runs on an executor). Its records
-    arrive as the table's columns, then the op, then the bad-key flag."""
+    """One Spark task of :func:`write_cdc_batch` (runs on an executor, or on the driver
+    over a whole small batch). Its records arrive as the table's columns, then the op,
+    then the bad-key flag."""
     metadata = TableMetadataUtil.parse_raw(metadata_json)
     io = load_file_io(io_properties, metadata.location)
     write_uuid, counter = uuid.uuid4(), itertools.count()

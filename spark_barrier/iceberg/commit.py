@@ -95,8 +95,9 @@ def commit_batch(
     """Write one micro-batch from the executors and commit it as one stamped snapshot.
 
     The executors write the batch as Parquet into a fresh folder under the table's
-    `data/`; the driver reads only the files' footers and commits them with
-    pyiceberg. Returns the new snapshot id, or None when the batch had no rows (no
+    `data/` (the driver itself for a batch known to be small: see
+    :func:`~spark_barrier.iceberg.files.run_write_task`) and the driver commits the
+    files with pyiceberg. Returns the new snapshot id, or None when the batch had no rows (no
     snapshot is made). Idempotent per `(job, batch_id)` (and `query_id`, the Spark
     query stamped beside the batch id when given): when the table already holds a
     snapshot for that batch its id is returned and nothing is written. The batch
@@ -299,7 +300,7 @@ def _batch_rows(
     """The rows to write; for a CDC batch also its last change per key (cached while
     the batch commits: its keys are read by every attempt) and the range its keys lie
     in, found in the same Spark job as the check of its records. A CDC batch whose
-    files Python workers write is written here, in one Spark job with its check and
+    files pyiceberg's writer writes is written here, in one Spark job with its check and
     its changed keys (see :mod:`spark_barrier.iceberg.cdc_write`)."""
     if op_column is None:
         columns = _check_columns(spark_df, table)
@@ -314,7 +315,9 @@ def _batch_rows(
         # (A log store sees the rows as they are written: only after the check.)
         try:
             with step("write"):  # reads, transforms, checks and writes the batch
-                written = write_cdc_batch(records, folder, table, keys, op_column, order_by, where)
+                written = write_cdc_batch(
+                    records, folder, table, keys, op_column, order_by, where, expected_rows
+                )
         except CdcInputError:
             delete_folder(folder, table.io)
             raise

@@ -1,6 +1,7 @@
 """A small CDC batch is checked, reduced to its last change per key, written and its
 changed keys collected in one Spark job (spark_barrier.iceberg.cdc_write), with the
-same result as the general path (check, write and keys in separate jobs)."""
+same result as the general path (check, write and keys in separate jobs), whether its
+task runs in Python workers or, for a batch known to be small, on the driver."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from pyspark.sql import SparkSession
 from spark_barrier.iceberg import cdc_write
 from spark_barrier.iceberg.catalog import ensure_table
 from spark_barrier.iceberg.commit import commit_batch
-from spark_barrier.iceberg.native_write import NATIVE_WRITER_PROPERTY
+from spark_barrier.iceberg.files import DRIVER_WRITE_MAX_ROWS_PROPERTY as DRIVER_MAX
+from spark_barrier.iceberg.native_write import NATIVE_WRITER_PROPERTY as NATIVE
 from tests.spark_barrier.test_cdc import FEED, TABLE, rows_of
 
 pytestmark = pytest.mark.spark
@@ -80,27 +82,36 @@ EXPECTED = {
 def test_a_small_cdc_batch_runs_fewer_spark_jobs_with_the_same_result(
     spark: SparkSession, catalog: Catalog
 ) -> None:
-    one_job = ensure_table(catalog, "ods.one_job", TABLE)
-    general = ensure_table(catalog, "ods.general", TABLE)
+    # The batches after the first follow small ones: the driver runs their one task.
+    on_driver = ensure_table(catalog, "ods.on_driver", TABLE)
+    in_workers = _with_property(ensure_table(catalog, "ods.in_workers", TABLE), DRIVER_MAX, "0")
     # Spark's own writer for every batch: the general path (check, write, keys apart).
-    with general.transaction() as txn:
-        txn.set_properties({NATIVE_WRITER_PROPERTY: "true"})
-    general.refresh()
+    general = _with_property(ensure_table(catalog, "ods.general", TABLE), NATIVE, "true")
 
-    merged_jobs = apply(spark, one_job, BATCHES)
+    driver_jobs = apply(spark, on_driver, BATCHES)
+    workers_jobs = apply(spark, in_workers, BATCHES)
     general_jobs = apply(spark, general, BATCHES)
 
-    assert rows_of(one_job) == rows_of(general) == EXPECTED
-    assert [s.summary.operation.value for s in one_job.snapshots()] == [  # type: ignore[union-attr]
-        s.summary.operation.value  # type: ignore[union-attr]
-        for s in general.snapshots()
-    ]
+    assert rows_of(on_driver) == rows_of(in_workers) == rows_of(general) == EXPECTED
+    assert _operations(on_driver) == _operations(in_workers) == _operations(general)
     # One job against the general path's check, write and keys (under adaptive
     # execution each shuffle stage, the feed's and the window's, counts as a job too).
-    assert all(m < g for m, g in zip(merged_jobs, general_jobs, strict=True)), (
-        merged_jobs,
-        general_jobs,
-    )
+    for merged_jobs in (driver_jobs, workers_jobs):
+        assert all(m < g for m, g in zip(merged_jobs, general_jobs, strict=True)), (
+            merged_jobs,
+            general_jobs,
+        )
+
+
+def _with_property(table: Table, name: str, value: str) -> Table:
+    with table.transaction() as txn:
+        txn.set_properties({name: value})
+    table.refresh()
+    return table
+
+
+def _operations(table: Table) -> list[str]:
+    return [s.summary.operation.value for s in table.snapshots()]  # type: ignore[union-attr]
 
 
 def test_more_changed_keys_than_the_driver_takes_are_matched_by_spark(
