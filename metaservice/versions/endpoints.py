@@ -21,9 +21,14 @@ def consistent(
         return s.db.write(
             lambda session: service.lease_version(session, s.ctx, names, at_or_before, seconds)
         )
-    # Sealing is a write; take it only when a source writer can move, then read.
-    if s.db.read(lambda session: service.needs_seal(session, s.ctx, names)):
-        s.db.write(lambda session: service.seal_writers(session, s.ctx, names))
+    # Sealing is a write; take it only when a writer can move, then read. A request
+    # that needs no write is answered by the read that decided so.
+    version = s.db.read(
+        lambda session: service.version_unless_sealing(session, s.ctx, names, at_or_before)
+    )
+    if version is not None:
+        return version
+    s.db.write(lambda session: service.seal_writers(session, s.ctx, names))
     return s.db.read(
         lambda session: service.consistent_version(session, s.ctx, names, at_or_before)
     )

@@ -1,13 +1,30 @@
-"""Queries about leases, and the table locks that order leases against expiry."""
+"""Queries about the tables of a version and their writers, leases, and the table
+locks that order leases against expiry."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
-from metaservice.models import Lease, LeaseSnapshot, Table
+from metaservice.models import Job, Lease, LeaseSnapshot, Table
+from metaservice.topology.repository import storable
+
+_TABLES_WITH_WRITERS = (
+    select(Table, Job)
+    .outerjoin(Job, Job.id == Table.writer_id)
+    .where(Table.name.in_(bindparam("names", expanding=True)))
+)
+
+
+def tables_with_writers(session: Session, names: Sequence[str]) -> list[tuple[Table, Job | None]]:
+    """The named tables that exist, each with its writing job (None if it has none), in
+    one statement: a consistent-version request reads them in each of its transactions."""
+    names = [n for n in names if storable(n)]
+    if not names:
+        return []
+    return [(t, j) for t, j in session.execute(_TABLES_WITH_WRITERS, {"names": names})]
 
 
 def lock_tables(session: Session, table_ids: Sequence[int], *, exclusive: bool) -> list[Table]:

@@ -44,7 +44,8 @@ def parse_tables(ctx: Context, tables: list[str]) -> list[str]:
 
 
 def writers_of(session: Session, names: list[str]) -> tuple[dict[str, Table], dict[int, Job]]:
-    tables = topo.tables_by_names(session, names)
+    found = repo.tables_with_writers(session, names)
+    tables = {t.name: t for t, _ in found}
     for name in names:
         if name not in tables:
             raise NotFound(
@@ -56,8 +57,7 @@ def writers_of(session: Session, names: list[str]) -> tuple[dict[str, Table], di
                 field="tables",
                 code="no_writer",
             )
-    jobs = topo.jobs_by_ids(session, [t.writer_id for t in tables.values() if t.writer_id])
-    return tables, jobs
+    return tables, {j.id: j for _, j in found if j is not None}
 
 
 def seal_writers(session: Session, ctx: Context, names: list[str]) -> None:
@@ -69,16 +69,38 @@ def seal_writers(session: Session, ctx: Context, names: list[str]) -> None:
     fr.seal_sources(session, ctx, list(jobs.values()))
 
 
-def needs_seal(session: Session, ctx: Context, names: list[str]) -> bool:
-    _, jobs = writers_of(session, names)
+def version_unless_sealing(
+    session: Session, ctx: Context, names: list[str], at_or_before: int | None = None
+) -> ConsistentVersion | None:
+    """The consistent version, when no writer needs the write step first (no idle source
+    to seal, no idle derived job to advance); None when one does: then
+    :func:`seal_writers` in a write transaction, and :func:`consistent_version` after it.
+
+    Deciding and answering in one read transaction: the answer is the one a read right
+    after this decision would give (its snapshot is the decision's own), so a request
+    that needs no write costs one transaction."""
+    tables, jobs = writers_of(session, names)
     writers = list(jobs.values())
-    return fr.needs_seal(ctx, writers) or barrier_service.could_advance(session, ctx, writers)
+    if fr.needs_seal(ctx, writers) or barrier_service.could_advance(session, ctx, writers):
+        return None
+    return _version_of(session, ctx, names, tables, jobs, at_or_before)
 
 
 def consistent_version(
     session: Session, ctx: Context, names: list[str], at_or_before: int | None = None
 ) -> ConsistentVersion:
     tables, jobs = writers_of(session, names)
+    return _version_of(session, ctx, names, tables, jobs, at_or_before)
+
+
+def _version_of(
+    session: Session,
+    ctx: Context,
+    names: list[str],
+    tables: dict[str, Table],
+    jobs: dict[int, Job],
+    at_or_before: int | None,
+) -> ConsistentVersion:
     limit = min(fr.frontiers(session, ctx, list(jobs.values())).values())
     if at_or_before is not None:
         # the largest barrier at or before it: barriers lie on the clock's grid
