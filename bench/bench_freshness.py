@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime as dt
 import json
 import logging
 import os
@@ -111,6 +112,25 @@ def sample_freshness(
                 flush=True,
             )
     return samples, restarts
+
+
+def spark_phases(queries: dict[str, Any], since_ms: int) -> dict[str, Any]:
+    """Per query, Spark's own phases of the micro-batches it ran since ``since_ms`` (from the
+    query's recent progress, its last 100 batches): ``latestOffset`` (for a derived
+    job, its barrier sources' next-barrier long polls), ``walCommit`` (the offset log),
+    ``queryPlanning``, ``addBatch`` (the sink: everything ``batch_steps_ms`` times),
+    ``commitOffsets`` and the whole ``triggerExecution``."""
+    result: dict[str, Any] = {}
+    for name, query in queries.items():
+        phases: dict[str, list[float]] = defaultdict(list)
+        for progress in query.recentProgress:
+            at = dt.datetime.fromisoformat(progress.timestamp.replace("Z", "+00:00"))
+            durations = progress.durationMs or {}
+            if at.timestamp() * 1000 >= since_ms and "addBatch" in durations:  # a batch ran
+                for phase, ms in durations.items():
+                    phases[phase].append(float(ms))
+        result[name] = {phase: spread(values) for phase, values in sorted(phases.items())}
+    return result
 
 
 def batch_breakdown(db_url: str, since_ms: int) -> dict[str, Any]:
@@ -345,6 +365,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 client, pipeline, queries, args.warmup + args.seconds
             )
             out["driver_cpu_cores"] = cpu.cores()
+            out["spark_phases_ms"] = spark_phases(queries, started_ms + args.warmup * 1000)
         finally:
             for q in queries.values():
                 spark_barrier.stop_between_batches(q)

@@ -5,6 +5,9 @@ job's half. While the service answers, a background thread reports in about once
 second (``PUT /jobs/{job}/offline-grant``), promising a *floor*: the lowest barrier
 the job will ever give itself. The service keeps the job's frontier below that
 floor, so a slot the job may still use is never treated as complete by a reader.
+Reporting once a slot, it reports just after each slot begins: until then the slot
+before is not complete for the job's readers (a report at a random phase made
+readers wait half a slot for it on average).
 
 When a batch cannot get its barrier from the service within ``offline_after_s``,
 the job gives it one itself: the current slot of its clock (corrected by the offset
@@ -28,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -47,6 +51,14 @@ T = TypeVar("T")
 CLAIM = "claim"
 RELEASE = "release"
 _STATE_FILE = "offline.json"
+# A heartbeat that reports about once a slot reports this long after each slot of the
+# MetaService's clock begins: its promise then passes the slot just closed, which the
+# job's tables (and every reader of them) wait for. The service records no floor past
+# its own slot, so a report just before the boundary would move nothing for a whole
+# heartbeat; the margin covers the error of the clock offset the job learnt, and a
+# jitter spreads a fleet's reports.
+SLOT_REPORT_MARGIN_MS = 20
+SLOT_REPORT_JITTER_MS = 30
 # Room a claim keeps free in the outbox for its batch's commit reports (about 140
 # bytes per output table), so that a full outbox stops the job before it commits a
 # batch whose report could not be written, not after.
@@ -258,8 +270,20 @@ class OfflineBarriers:
             if record["kind"] == CLAIM:
                 self._claims[int(record["batch_id"])] = int(record["barrier"])
 
+    def _until_next_report_s(self) -> float:
+        """The heartbeat's wait: ``heartbeat_s``, ended early at the start of the next
+        slot (plus the margin) when the heartbeat is at least once a slot anyway."""
+        with self._lock:
+            state = self._state
+        if state is None or self._heartbeat_s * 1000 > state.interval_ms:
+            return self._heartbeat_s
+        now = self.clock.now_ms() + state.offset_ms
+        next_slot = slot_of(now, state.interval_ms) + state.interval_ms
+        at = next_slot + SLOT_REPORT_MARGIN_MS + random.uniform(0, SLOT_REPORT_JITTER_MS)
+        return min(self._heartbeat_s, (at - now) / 1000)
+
     def _heartbeat(self) -> None:
-        while not self._stop.wait(self._heartbeat_s):
+        while not self._stop.wait(self._until_next_report_s()):
             try:
                 self.report_in()
             except Unavailable as exc:

@@ -18,7 +18,13 @@ from metaservice.client import MetaServiceClient, Unavailable
 from metaservice.clock import ManualClock
 from metaservice.migrate import upgrade
 from metaservice.settings import Settings
-from spark_barrier.offline import COMMIT_REPORTS_RESERVE_BYTES, NoOfflineGrant, OfflineBarriers
+from spark_barrier.offline import (
+    COMMIT_REPORTS_RESERVE_BYTES,
+    SLOT_REPORT_JITTER_MS,
+    SLOT_REPORT_MARGIN_MS,
+    NoOfflineGrant,
+    OfflineBarriers,
+)
 from spark_barrier.outbox import HEADER_BYTES, OutboxFullError, decode_frame_header
 from spark_barrier.report import OutboxReporter
 
@@ -221,6 +227,36 @@ def test_the_heartbeat_keeps_an_idle_source_table_following_the_clock(rig: Rig) 
     rig.clock.advance(10 * SLOT)
     assert rig.frontier("ods.orders") <= T0 + 10 * SLOT  # silent job: held at its floor
     offline.close(release=False)
+    reporter.close()
+
+
+def test_a_heartbeat_once_a_slot_reports_just_after_each_slot_begins(rig: Rig) -> None:
+    rig.state.mkdir()
+    reporter = OutboxReporter(rig.client, rig.state / "outbox")
+    once_a_slot = OfflineBarriers(
+        rig.client, "src", reporter.outbox, rig.state, heartbeat_s=SLOT / 1000, clock=rig.clock
+    )
+    once_a_slot.report_in()  # the grant: the job learns the slot and the clock's offset
+    latest = (SLOT_REPORT_MARGIN_MS + SLOT_REPORT_JITTER_MS) / 1000
+    rig.clock.advance(300)
+    assert 0.7 + SLOT_REPORT_MARGIN_MS / 1000 <= once_a_slot._until_next_report_s() <= 0.7 + latest
+    rig.clock.advance(690)
+    assert (
+        0.01 + SLOT_REPORT_MARGIN_MS / 1000 <= once_a_slot._until_next_report_s() <= 0.01 + latest
+    )
+    # Reported just after the boundary, the job's promise moves its tables past the
+    # slot that just closed.
+    rig.clock.advance(10 + SLOT_REPORT_MARGIN_MS)
+    once_a_slot.report_in()
+    assert rig.frontier("ods.orders") == T0
+    once_a_slot.close(release=False)
+    # A heartbeat slower than a slot keeps its own pace.
+    slower = OfflineBarriers(
+        rig.client, "src", reporter.outbox, rig.state, heartbeat_s=3600, clock=rig.clock
+    )
+    slower.report_in()
+    assert slower._until_next_report_s() == 3600
+    slower.close(release=False)
     reporter.close()
 
 
