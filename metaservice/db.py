@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -36,6 +36,7 @@ from metaservice.settings import DEFAULT_MAX_TRANSACTIONS
 log = logging.getLogger("metaservice.db")
 
 T = TypeVar("T")
+U = TypeVar("U")  # a unit of work: a Session, or a Connection (read_single)
 
 # Threads of the async units of work: as many as the PostgreSQL pool's connections
 # (pool_size + max_overflow below), so a thread never queues for one behind the others.
@@ -310,31 +311,31 @@ class Database:
         self._write = sessionmaker(bind=write_bind, expire_on_commit=False)
         # One statement sees one snapshot by itself: on PostgreSQL it needs no transaction,
         # and autocommit saves the BEGIN and COMMIT round trips (two of the three such a
-        # read took). SQLite's BEGIN costs no round trip (and its hook would open one).
-        self._single = (
-            self._read
+        # read took); a Connection rather than a Session saves the ORM's bookkeeping
+        # (as long again as the round trip). SQLite's BEGIN costs no round trip.
+        single_bind = (
+            self.engine
             if self.sqlite
-            else sessionmaker(
-                bind=self.engine.execution_options(isolation_level="AUTOCOMMIT"),
-                expire_on_commit=False,
-            )
+            else self.engine.execution_options(isolation_level="AUTOCOMMIT")
         )
+        self._single = single_bind.begin
         self._threads: ThreadPoolExecutor | None = None
 
     def write(self, fn: Callable[[Session], T], priority: int = NORMAL) -> T:
         """Run ``fn`` in a write transaction, retried on lock conflicts; at most
         :data:`MAX_TRANSACTIONS` run at once, the others wait by ``priority``."""
-        return self._run(self._write, fn, priority)
+        return self._run(self._write.begin, fn, priority)
 
     def read(self, fn: Callable[[Session], T], priority: int = NORMAL) -> T:
-        return self._run(self._read, fn, priority)
+        return self._run(self._read.begin, fn, priority)
 
-    def read_single(self, fn: Callable[[Session], T], priority: int = NORMAL) -> T:
-        """A read of one statement, outside any transaction on PostgreSQL: ``fn`` must
-        send at most one statement (two would each see a snapshot of their own)."""
+    def read_single(self, fn: Callable[[Connection], T], priority: int = NORMAL) -> T:
+        """A read of one statement on a Core connection, outside any transaction on
+        PostgreSQL: ``fn`` must send at most one statement (two would each see a
+        snapshot of their own)."""
         return self._run(self._single, fn, priority)
 
-    async def read_single_async(self, fn: Callable[[Session], T], priority: int = NORMAL) -> T:
+    async def read_single_async(self, fn: Callable[[Connection], T], priority: int = NORMAL) -> T:
         """:meth:`read_single` from an ``async`` endpoint (see :meth:`write_async`)."""
         return await self._in_thread(self._single, fn, priority)
 
@@ -345,14 +346,17 @@ class Database:
         (anyio's capacity limiter and cancel scope) on the hot requests; the context
         is copied, so the request id still reaches the log lines.
         """
-        return await self._in_thread(self._write, fn, priority)
+        return await self._in_thread(self._write.begin, fn, priority)
 
     async def read_async(self, fn: Callable[[Session], T], priority: int = NORMAL) -> T:
         """:meth:`read` from an ``async`` endpoint (see :meth:`write_async`)."""
-        return await self._in_thread(self._read, fn, priority)
+        return await self._in_thread(self._read.begin, fn, priority)
 
     async def _in_thread(
-        self, maker: sessionmaker[Session], fn: Callable[[Session], T], priority: int
+        self,
+        begin: Callable[[], contextlib.AbstractContextManager[U]],
+        fn: Callable[[U], T],
+        priority: int,
     ) -> T:
         if self._threads is None:
             self._threads = ThreadPoolExecutor(_THREADS, thread_name_prefix="metaservice-db")
@@ -360,27 +364,37 @@ class Database:
         await self._turns.enter_async(priority)
         try:
             return await asyncio.get_running_loop().run_in_executor(
-                self._threads, context.run, self._held_attempts, maker, fn
+                self._threads, context.run, self._held_attempts, begin, fn
             )
         finally:
             self._turns.give_back()
 
-    def _held_attempts(self, maker: sessionmaker[Session], fn: Callable[[Session], T]) -> T:
+    def _held_attempts(
+        self, begin: Callable[[], contextlib.AbstractContextManager[U]], fn: Callable[[U], T]
+    ) -> T:
         with self._turns.held():
-            return self._attempts(maker, fn)
+            return self._attempts(begin, fn)
 
-    def _run(self, maker: sessionmaker[Session], fn: Callable[[Session], T], priority: int) -> T:
+    def _run(
+        self,
+        begin: Callable[[], contextlib.AbstractContextManager[U]],
+        fn: Callable[[U], T],
+        priority: int,
+    ) -> T:
         took = self._turns.enter(priority)
         try:
-            return self._attempts(maker, fn)
+            return self._attempts(begin, fn)
         finally:
             self._turns.leave(took)
 
-    def _attempts(self, maker: sessionmaker[Session], fn: Callable[[Session], T]) -> T:
+    def _attempts(
+        self, begin: Callable[[], contextlib.AbstractContextManager[U]], fn: Callable[[U], T]
+    ) -> T:
+        """``fn`` in a unit of work from ``begin`` (a session or a connection), retried."""
         for attempt in range(1, _MAX_ATTEMPTS + 1):
             try:
-                with maker.begin() as session:
-                    return fn(session)
+                with begin() as unit:
+                    return fn(unit)
             except DBAPIError as exc:
                 if attempt == _MAX_ATTEMPTS or not _retryable(exc):
                     raise

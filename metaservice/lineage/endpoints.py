@@ -24,7 +24,7 @@ async def lineage(
     # Most answers come from the cached graph after one statement without a transaction;
     # a transaction builds the graph when the topology moved, or adds observed lineage.
     answer = await s.db.read_single_async(
-        lambda session: service.cached_lineage(session, s.ctx, table, direction, depth)
+        lambda conn: service.cached_lineage(conn, s.ctx, table, direction, depth)
     )
     if answer is None:
         answer = await s.db.read_async(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import exists, or_, select
+from sqlalchemy import Connection, exists, or_, select
 from sqlalchemy.orm import Session
 
 from metaservice.models import ClockState, ObservedDataset, ObservedJob
@@ -16,7 +16,7 @@ _TOPOLOGY_STATE = select(
 ).where(ClockState.id == 1)
 
 
-def topology_state(session: Session) -> tuple[int, bool]:
+def topology_state(session: Session | Connection) -> tuple[int, bool]:
     """The database's topology version, and whether it holds observed (OpenLineage)
     jobs or datasets."""
     version, observed = session.execute(_TOPOLOGY_STATE).one()

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import networkx as nx
+from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
 from metaservice.barriers import repository as barrier_repo
@@ -35,7 +36,7 @@ def check_query(ctx: Context, table: str, direction: str, depth: int | None) -> 
 
 
 def cached_lineage(
-    session: Session, ctx: Context, table: str, direction: str, depth: int | None
+    conn: Connection, ctx: Context, table: str, direction: str, depth: int | None
 ) -> LineageGraph | None:
     """The answer from the cached graph after one statement (run it with
     ``Database.read_single``): None when the topology moved since the graph was built,
@@ -43,7 +44,7 @@ def cached_lineage(
 
     The statement is the cross-replica check: it reads the database's topology version,
     and the cached graph is used only if it was built at that version."""
-    version, observed = repo.topology_state(session)
+    version, observed = repo.topology_state(conn)
     graph = None if observed else ctx.graph.cached(version)
     return None if graph is None else lineage_of(graph, table, direction, depth)
 
