@@ -81,8 +81,9 @@ class LogTarget:
         return " ".join(self.urls)
 
     def append(self, rows: pa.Table) -> None:
-        """Append a chunk of the batch (on an executor). Never fails the write: the log is
-        a copy, and the snapshot the batch commits is the truth readers fall back to."""
+        """Append a chunk of the batch (in a write task: on an executor, or on the driver
+        for a small batch). Never fails the write: the log is a copy, and the snapshot
+        the batch commits is the truth readers fall back to."""
         from metaservice.logstore import LogApiError, LogError, LogWriter
 
         if self.routing is None or len(self.urls) == 1:
