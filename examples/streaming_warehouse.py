@@ -21,6 +21,12 @@ live orders, that order counts match and that the detail holds exactly the live 
 summary of those checks, and exits with status 1 if a check at a consistent version
 failed (2 if it never found a consistent version to check).
 
+The embedded MetaService expires the tables' snapshots older than five minutes every
+minute (`--expire-every`, `--keep-history`): at one snapshot a second, a table whose
+history only grows pays for all of it at every commit, and the demo would slowly fall
+behind. Expiry keeps every snapshot a check or a job still reads (leases, the jobs'
+next batches).
+
 `kill -USR1 <pid>` makes a running demo print every Python thread's stack to stderr (a
 query that stalls shows where it waits); `jstack` does the same for its JVM.
 """
@@ -48,6 +54,8 @@ from spark_barrier.iceberg.catalog import load_catalog
 from spark_barrier.iceberg.read import read_snapshot
 
 CHECK_EVERY_S = 15.0
+EXPIRE_EVERY_S = 60.0
+KEEP_HISTORY_S = 300
 MIN_CHECKS_GRACE_S = 300.0
 
 
@@ -78,6 +86,11 @@ class Demo:
             warehouse=self.tables,
             barrier_interval_ms=args.barrier_interval_ms,
             port=args.port,
+            # Expiry opens the tables' catalog as the jobs do (an object store's
+            # endpoint and credentials are among its properties).
+            catalog_properties=self.catalog_properties,
+            expire_every_seconds=args.expire_every,
+            retention_keep_for_seconds=args.keep_history,
         )
 
     def run(self) -> int:
@@ -312,6 +325,20 @@ def main(argv: list[str] | None = None) -> None:
         help="keep running after --duration until this many checks at consistent versions "
         "with data (items with revenue) were made "
         f"(at most {MIN_CHECKS_GRACE_S:.0f} s more; default %(default)s)",
+    )
+    parser.add_argument(
+        "--expire-every",
+        type=float,
+        default=EXPIRE_EVERY_S,
+        metavar="SECONDS",
+        help="expire the tables' unused snapshots this often (0: never; default %(default)s)",
+    )
+    parser.add_argument(
+        "--keep-history",
+        type=int,
+        default=KEEP_HISTORY_S,
+        metavar="SECONDS",
+        help="snapshots younger than this are kept by expiry (default %(default)s)",
     )
     parser.add_argument("--orders-per-second", type=int, default=50)
     parser.add_argument("--barrier-interval-ms", type=int, default=1000)
