@@ -22,7 +22,7 @@ from metaservice.barriers.endpoints import router as barriers_router
 from metaservice.barriers.endpoints import writes as barrier_writes_router
 from metaservice.clock import Clock, SystemClock
 from metaservice.context import Context
-from metaservice.db import Database, database_contended, database_unreachable
+from metaservice.db import Database, database_contended, database_unreachable, schema_behind
 from metaservice.delay.endpoints import router as delay_router
 from metaservice.deps import Services
 from metaservice.docs import install_docs, operation_id
@@ -32,6 +32,7 @@ from metaservice.lifecycle.schedule import start_schedule
 from metaservice.lineage.endpoints import router as lineage_router
 from metaservice.logs import RequestId
 from metaservice.metrics import REQUESTS, observe_version_request
+from metaservice.migrate import UPGRADE_HINT
 from metaservice.openlineage.emit import start_emitting
 from metaservice.openlineage.endpoints import router as openlineage_router
 from metaservice.ops.endpoints import router as ops_router
@@ -155,6 +156,18 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(DBAPIError)
     async def database_error(request: Request, exc: DBAPIError) -> JSONResponse:
+        if schema_behind(exc):
+            detail = str(exc.orig).strip().splitlines()[0]
+            log.error(
+                "database not migrated, on %s %s: %s", request.method, request.url.path, detail
+            )
+            return _error(
+                503,
+                "database_behind",
+                f"the database lacks a table or column this MetaService needs ({detail}): it "
+                f"is not migrated to this version (GET /readyz shows its migration); "
+                f"{UPGRADE_HINT}. Nothing was applied",
+            )
         if database_contended(exc):
             log.warning(
                 "transaction kept losing on %s %s: %s", request.method, request.url.path, exc.orig

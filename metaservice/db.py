@@ -274,10 +274,25 @@ def database_contended(exc: DBAPIError) -> bool:
     return _retryable(exc)
 
 
+# PostgreSQL SQLSTATEs of a schema older than the code: undefined table, undefined column.
+_SCHEMA_BEHIND_SQLSTATES = {"42P01", "42703"}
+# SQLite says the same in words (its "no such ..." errors are OperationalErrors).
+_SCHEMA_BEHIND_SQLITE = ("no such table", "no such column", "has no column named")
+
+
+def schema_behind(exc: DBAPIError) -> bool:
+    """A statement named a table or column the database does not have: it was not
+    migrated to this version of the MetaService (``metaservice db upgrade``)."""
+    if getattr(exc.orig, "sqlstate", None) in _SCHEMA_BEHIND_SQLSTATES:
+        return True
+    message = str(exc.orig)
+    return isinstance(exc, OperationalError) and any(s in message for s in _SCHEMA_BEHIND_SQLITE)
+
+
 def database_unreachable(exc: DBAPIError) -> bool:
     """The database could not be reached or dropped the connection (restart, network),
     as opposed to a statement that failed: the request changed nothing and may be retried."""
-    if database_contended(exc):
+    if database_contended(exc) or schema_behind(exc):
         return False  # psycopg's deadlock is an OperationalError too, but not an outage
     if exc.connection_invalidated:
         return True

@@ -9,7 +9,7 @@ from sqlalchemy import text
 
 from metaservice.deps import Services, metrics_access, services
 from metaservice.metrics import exposition, read_state
-from metaservice.migrate import current_revision, head_revision
+from metaservice.migrate import behind_message, current_revision, head_revision
 from metaservice.schemas_common import ErrorBody
 
 log = logging.getLogger("metaservice.metrics")
@@ -34,14 +34,12 @@ def readyz(s: Services = Depends(services)) -> JSONResponse:
             {"status": "unavailable", "code": "database_unreachable", "message": str(exc)[:500]},
             status_code=503,
         )
-    head = head_revision()
-    if current != head:
+    if current != head_revision():
         return JSONResponse(
             {
                 "status": "unavailable",
                 "code": "database_behind",
-                "message": f"database is at migration {current}, this service needs {head}; "
-                "run `metaservice db upgrade`",
+                "message": behind_message(current),
             },
             status_code=503,
         )

@@ -5,12 +5,13 @@ from __future__ import annotations
 import random
 import re
 
+import pytest
 from fastapi.testclient import TestClient
 
 from metaservice.app import create_app
 from metaservice.clock import ManualClock
 from metaservice.lifecycle import service as lifecycle
-from metaservice.migrate import head_revision
+from metaservice.migrate import head_revision, upgrade
 from metaservice.settings import Settings
 from tests.metaservice.helpers import (
     API,
@@ -334,3 +335,28 @@ def test_docs_and_openapi_describe_every_endpoint(client):
 def test_unknown_path_and_wrong_method_give_json_404_and_405(client):
     assert_error(client.get(f"{API}/nothing-here"), 404, "not_found")
     assert_error(client.delete(f"{API}/jobs"), 405, "method_not_allowed")
+
+
+@pytest.mark.parametrize("db", ["sqlite_url", pytest.param("pg_url", marks=pytest.mark.postgres)])
+@pytest.mark.parametrize("migration", [None, "0009"])
+def test_requests_on_a_database_behind_this_version_say_to_migrate_it(request, db, migration):
+    """A service started on an unmigrated database (or one a migration behind: 0010 added
+    columns to `tables`) answers 503 `database_behind` naming what is missing, not
+    "cannot reach its database" or 500, and changes nothing."""
+    url = request.getfixturevalue(db)
+    if migration is not None:
+        upgrade(url, migration)
+    with TestClient(create_app(Settings(db_url=url), ManualClock(T0))) as c:
+        for r in (c.get(f"{API}/tables"), c.put(f"{API}/jobs/j", json={"outputs": ["ns.t"]})):
+            assert r.status_code == 503, r.text
+            body = r.json()
+            assert body["code"] == "database_behind"
+            assert "metaservice db upgrade" in body["message"]
+            missing = (
+                "log_mode" if migration else ("tables" if r.request.method == "GET" else "jobs")
+            )
+            assert missing in body["message"]  # the driver's words name what is missing
+            assert "Retry-After" not in r.headers  # not transient: waiting will not help
+    upgrade(url)  # nothing was applied: the migrated database has no job
+    with TestClient(create_app(Settings(db_url=url), ManualClock(T0))) as c:
+        assert c.get(f"{API}/jobs").json()["items"] == []
