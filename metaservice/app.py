@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError
@@ -32,7 +33,7 @@ from metaservice.lifecycle.schedule import start_schedule
 from metaservice.lineage.endpoints import router as lineage_router
 from metaservice.logs import RequestId
 from metaservice.metrics import REQUESTS, observe_version_request
-from metaservice.migrate import UPGRADE_HINT
+from metaservice.migrate import behind_message, current_revision, head_revision
 from metaservice.openlineage.emit import start_emitting
 from metaservice.openlineage.endpoints import router as openlineage_router
 from metaservice.ops.endpoints import router as ops_router
@@ -157,17 +158,19 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(DBAPIError)
     async def database_error(request: Request, exc: DBAPIError) -> JSONResponse:
         if schema_behind(exc):
-            detail = str(exc.orig).strip().splitlines()[0]
-            log.error(
-                "database not migrated, on %s %s: %s", request.method, request.url.path, detail
-            )
-            return _error(
-                503,
-                "database_behind",
-                f"the database lacks a table or column this MetaService needs ({detail}): it "
-                f"is not migrated to this version (GET /readyz shows its migration); "
-                f"{UPGRADE_HINT}. Nothing was applied",
-            )
+            # Only a database behind this version: on one at the newest migration a
+            # missing table or column is the service's own bug (500).
+            current = await run_in_threadpool(_revision_or_head, request.app.state.services.db)
+            if current != head_revision():
+                detail = str(exc.orig).strip().splitlines()[0]
+                log.error("%s (%s %s: %s)", behind_message(current), request.method,
+                          request.url.path, detail)  # fmt: skip
+                return _error(
+                    503,
+                    "database_behind",
+                    f"{behind_message(current)}. It lacks what this request needs "
+                    f"({detail}); nothing was applied",
+                )
         if database_contended(exc):
             log.warning(
                 "transaction kept losing on %s %s: %s", request.method, request.url.path, exc.orig
@@ -190,6 +193,15 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return _error(500, "internal", "internal error; the service log has the details")
+
+
+def _revision_or_head(db: Database) -> str | None:
+    """The database's migration; the newest one when it cannot be read (say no more
+    than the error itself then)."""
+    try:
+        return current_revision(db.engine)
+    except Exception:  # the database went away meanwhile: the request's own error stands
+        return head_revision()
 
 
 def _busy(why: str) -> JSONResponse:

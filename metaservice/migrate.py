@@ -40,13 +40,11 @@ def is_at_head(engine: Engine) -> bool:
     return current_revision(engine) == head_revision()
 
 
-UPGRADE_HINT = "run `metaservice db upgrade` (`metaservice serve` migrates before it starts)"
-
-
 def behind_message(current: str | None) -> str:
     """What to do about a database at migration ``current`` when this code needs the head."""
     return (
-        f"database is at migration {current}, this service needs {head_revision()}; {UPGRADE_HINT}"
+        f"database is at migration {current}, this service needs {head_revision()}; "
+        "run `metaservice db upgrade` (`metaservice serve` migrates before it starts)"
     )
 
 
