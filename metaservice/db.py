@@ -31,7 +31,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from metaservice.settings import DEFAULT_MAX_TRANSACTIONS
+from metaservice.settings import DEFAULT_MAX_TRANSACTIONS, OLDEST_EVERY
 
 log = logging.getLogger("metaservice.db")
 
@@ -72,9 +72,9 @@ MAX_TRANSACTIONS = DEFAULT_MAX_TRANSACTIONS
 URGENT = 0
 POLL = 1
 NORMAL = 2
-# Every this many turns handed over, the oldest waiter goes in whatever its priority,
-# so that lower priorities are slowed under load, never starved.
-OLDEST_EVERY = 8
+# Every OLDEST_EVERY-th turn handed over goes to the oldest waiter whatever its
+# priority, so that lower priorities are slowed under load, never starved (the value
+# lives in metaservice.settings, whose description of max_transactions names it).
 
 
 class _Waiter:

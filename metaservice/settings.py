@@ -41,6 +41,8 @@ class ConfigFileError(ValueError):
 
 # Transactions one service process runs at once (see metaservice.db for why 6).
 DEFAULT_MAX_TRANSACTIONS = 6
+# Every this many turns, the longest waiter for a transaction goes next (metaservice.db).
+OLDEST_EVERY = 8
 
 
 class Settings(BaseSettings):
@@ -92,7 +94,7 @@ class Settings(BaseSettings):
         gt=0,
         description="Database transactions one service process runs at once; the others "
         "wait their turn: batch barriers, commit reports and offline grants first, then "
-        "next-barrier polls, then the rest (every 8th turn to the longest waiter).",
+        f"next-barrier polls, then the rest (every {OLDEST_EVERY}th turn to the longest waiter).",
     )
     max_body_bytes: int = Field(8 * 1024 * 1024, gt=0)
     max_tables_per_query: int = Field(1000, gt=0)
