@@ -27,7 +27,11 @@ HTTP, routing and JSON on this machine):
 - derived batch cycles: ``next-barrier``, the batch's barrier, its report, with the
   client's own source advanced in between (those two requests counted too);
 - ``next-barrier`` polls of a derived job whose source is idle (the service seals the
-  source and advances the job each slot, as for any idle pipeline).
+  source and advances the job each slot, as for any idle pipeline);
+- beside them, the floors of SQL alone on the service's own path (``bench/floor_app.py``,
+  the factory this part runs the service from): one ``SELECT 1`` outside a transaction,
+  four in a read transaction, five and an ``UPDATE`` in a write transaction, and those
+  six on a Core connection (no ORM Session) and on a raw DB-API connection.
 
 Growth (``--part growth``, results in ``bench/results/service-growth.json``): the same
 layered topology at 1,000, 10,000 and 100,000 tables, its history grown (bulk
@@ -97,6 +101,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from sqlalchemy import create_engine, event, insert, text, update
 
 from bench.common import package_version, pg_schema, process_cpu_s
+from bench.floor_app import create_probe_rows
 from metaservice.db import make_engine, normalise_url
 from metaservice.migrate import upgrade
 from metaservice.models import DERIVED, SOURCE, Batch, ClockState, Commit, Job, JobInput, Table
@@ -233,14 +238,23 @@ def _free_port() -> int:
 
 @contextmanager
 def service(
-    db_url: str, workdir: Path, workers: int, env_extra: dict[str, str] | None = None
+    db_url: str,
+    workdir: Path,
+    workers: int,
+    env_extra: dict[str, str] | None = None,
+    factory: str = "metaservice.app:create_app",
 ) -> Iterator[Server]:
-    """``uvicorn --factory metaservice.app:create_app`` on a free loopback port."""
+    """``uvicorn --factory metaservice.app:create_app`` (or ``factory``) on a free
+    loopback port."""
     port = _free_port()
     log = workdir / f"service-{port}.log"
     env = {**os.environ, "METASERVICE_DB_URL": db_url, "PYTHONUNBUFFERED": "1"}
     env.update(env_extra or {})
-    cmd = [sys.executable, "-m", "uvicorn", "--factory", "metaservice.app:create_app"]
+    # the project's root on the path: a factory from bench/ imports as bench.*
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH")) if p
+    )
+    cmd = [sys.executable, "-m", "uvicorn", "--factory", factory]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
     cmd += ["--workers", str(workers), *UVICORN_ARGS]
     with log.open("wb") as out:
@@ -573,7 +587,25 @@ def bench_cycles(server: Server, db: str, quick: bool) -> list[dict[str, Any]]:
             "service_cpu_ms_per_request": floor_cpu,
         }
     ]
+
+    def probe(method: str, path: str) -> Callable[[int, httpx.Client], Callable[[], int]]:
+        def step_of(i: int, http: httpx.Client) -> Callable[[], int]:
+            url = server.url + path.format(i=i)
+            return lambda: (_ok(http.request(method, url)), 1)[1]
+
+        return step_of
+
     for what, step_of, goal in (
+        # the floors: SQL alone through the service's stack (bench/floor_app.py)
+        ("floor: 1 SELECT 1, no transaction", probe("GET", "/probe/one"), None),
+        ("floor: 4 SELECT 1 in a read transaction", probe("GET", "/probe/read4"), None),
+        (
+            "floor: 5 SELECT 1 + 1 UPDATE, write transaction",
+            probe("POST", "/probe/write6/{i}"),
+            None,
+        ),
+        ("floor: the same 6 on a Core connection", probe("POST", "/probe/core6/{i}"), None),
+        ("floor: the same 6 on a raw DB-API connection", probe("POST", "/probe/raw6/{i}"), None),
         ("source batch cycles (barrier + report)", source, 0.5),
         ("derived batch cycles (source, next-barrier, barrier, report)", derived, 0.5),
         ("next-barrier polls, inputs idle", poll, 0.8),
@@ -592,7 +624,8 @@ def bench_cycles(server: Server, db: str, quick: bool) -> list[dict[str, Any]]:
                 "service_cpu_ms_per_request": cpu_ms,
             }
         )
-    rows[2]["derived_batches_per_s"] = sum(loop.batch for loop in loops) / seconds
+    derived_row = next(r for r in rows if r["what"].startswith("derived batch cycles"))
+    derived_row["derived_batches_per_s"] = sum(loop.batch for loop in loops) / seconds
     floor_after, floor_after_cpu = _rate(server, seconds, healthz)
     rows.append(
         {
@@ -611,6 +644,9 @@ def bench_cycles(server: Server, db: str, quick: bool) -> list[dict[str, Any]]:
         cpu_text = f"  service CPU {cpu:.2f} ms/request" if cpu is not None else ""
         print(f"  {r['what']:62} {r['requests_per_s']:8,.0f} req/s{share}{cpu_text}")
     return rows
+
+
+PROBE_FACTORY = "bench.floor_app:create_app"
 
 
 # --------------------------------------------------------------------------- topology
@@ -2039,11 +2075,10 @@ def run(
             if "cycles" in parts:
                 print(f"{db}: cycles, {CYCLE_CLIENTS} clients")
                 slots = {"METASERVICE_BARRIER_INTERVAL_MS": str(CYCLE_INTERVAL_MS)}
-                with (
-                    database(db, pg_base, workdir, "cycles") as url,
-                    service(url, workdir, workers, slots) as server,
-                ):
-                    results["cycles"] += bench_cycles(server, db, quick)
+                with database(db, pg_base, workdir, "cycles") as url:
+                    create_probe_rows(url)
+                    with service(url, workdir, workers, slots, PROBE_FACTORY) as server:
+                        results["cycles"] += bench_cycles(server, db, quick)
             if "reads" not in parts:
                 continue
             print(f"{db}: reads on {results['topology_jobs']:,} jobs and tables")
