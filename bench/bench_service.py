@@ -250,9 +250,10 @@ def service(
     log = workdir / f"service-{port}.log"
     env = {**os.environ, "METASERVICE_DB_URL": db_url, "PYTHONUNBUFFERED": "1"}
     env.update(env_extra or {})
-    # the project's root on the path: a factory from bench/ imports as bench.*
+    # the project's root on the path, after any given (a PYTHONPATH naming another tree
+    # still decides which code runs): a factory from bench/ imports as bench.*
     env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH")) if p
+        p for p in (env.get("PYTHONPATH"), str(Path(__file__).resolve().parents[1])) if p
     )
     cmd = [sys.executable, "-m", "uvicorn", "--factory", factory]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
