@@ -209,7 +209,9 @@ def test_a_refused_request_queues_nothing(service, db_url, clock):
 def test_without_an_openlineage_url_nothing_is_queued(db_url, clock):
     with (
         LiveServer(create_app(Settings(db_url=db_url), clock)) as server,
-        httpx.Client(base_url=server.url) as http,
+        # generous: this checks what is queued, and on a loaded machine one registration
+        # once took over httpx's default 5 s (a clean-clone CI run, 2 AMD EPYC vCPUs)
+        httpx.Client(base_url=server.url, timeout=30) as http,
     ):
         put_job(http, "src", ["ods.orders"])
         job_event(http, "src", "started", str(uuid.uuid4()))
