@@ -101,6 +101,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from sqlalchemy import create_engine, event, insert, text, update
 
 from bench.common import package_version, pg_schema, process_cpu_s
+from bench.floor_app import FACTORY as PROBE_FACTORY
 from bench.floor_app import create_probe_rows
 from metaservice.db import make_engine, normalise_url
 from metaservice.migrate import upgrade
@@ -645,9 +646,6 @@ def bench_cycles(server: Server, db: str, quick: bool) -> list[dict[str, Any]]:
         cpu_text = f"  service CPU {cpu:.2f} ms/request" if cpu is not None else ""
         print(f"  {r['what']:62} {r['requests_per_s']:8,.0f} req/s{share}{cpu_text}")
     return rows
-
-
-PROBE_FACTORY = "bench.floor_app:create_app"
 
 
 # --------------------------------------------------------------------------- topology

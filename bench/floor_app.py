@@ -25,11 +25,14 @@ import asyncio
 
 from fastapi import FastAPI, Request, Response
 from sqlalchemy import text
+from sqlalchemy.orm import Session
 
 from metaservice.app import create_app as create_service
 from metaservice.db import URGENT, make_engine
 from metaservice.deps import services_of
 
+# What ``uvicorn --factory`` runs to serve the app with the probes.
+FACTORY = "bench.floor_app:create_app"
 PROBE_ROWS = 16
 _SELECT = text("SELECT 1")
 _UPDATE = text("UPDATE probe_rows SET v = v + 1 WHERE id = :i")
@@ -66,10 +69,10 @@ def create_app() -> FastAPI:
     async def write6(http: Request, i: int) -> Response:
         db = services_of(http).db
 
-        def work(session: object) -> None:
+        def work(session: Session) -> None:
             for _ in range(5):
-                session.execute(_SELECT).scalar()  # type: ignore[attr-defined]
-            session.execute(_UPDATE, {"i": i})  # type: ignore[attr-defined]
+                session.execute(_SELECT).scalar()
+            session.execute(_UPDATE, {"i": i})
 
         await db.write_async(work, URGENT)
         return Response(_OK, media_type="application/json")
