@@ -20,6 +20,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
 
+from metaservice.auth import repository as auth_repository
 from metaservice.auth import service as auth_service
 from metaservice.auth.schemas import Role
 from metaservice.barriers.changes import Changes
@@ -87,13 +88,34 @@ async def caller(
 
 
 def require(role: Role) -> params.Depends:
-    """A route dependency refusing callers below ``role`` (401 without a token, 403 below it)."""
+    """A route dependency refusing callers below ``role`` (401 without a token, 403 below it).
 
-    async def check(who: auth_service.Caller = Depends(caller)) -> auth_service.Caller:
+    For the writer role it also holds a scoped writer to its jobs: a route's ``{job}`` must
+    be one of them, and a route's ``{table}`` must be written by one (403 ``out_of_scope``).
+    Routes taking the job from their body check it themselves (``check_job_scope``).
+    """
+
+    async def check(
+        request: Request, who: auth_service.Caller = Depends(caller)
+    ) -> auth_service.Caller:
         auth_service.check_role(who, role)
+        if who.jobs is not None and role is not Role.READER:
+            await _check_scope(request, who)
         return who
 
     return params.Depends(check)
+
+
+async def _check_scope(request: Request, who: auth_service.Caller) -> None:
+    path = request.path_params
+    if (job := path.get("job")) is not None:
+        auth_service.check_job_scope(who, job)
+    if (table := path.get("table")) is not None:
+        writer = await run_in_threadpool(
+            services_of(request).db.read,
+            lambda session: auth_repository.writer_of_table(session, table),
+        )
+        auth_service.check_table_scope(who, table, writer)
 
 
 async def metrics_access(

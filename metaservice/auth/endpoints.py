@@ -16,7 +16,7 @@ router = APIRouter(tags=["tokens"], dependencies=[require(Role.ADMIN)])
 def create_token(body: TokenRequest, s: Services = Depends(services)) -> TokenCreated:
     """Issue a token. Its text is in this answer only: the service stores just its hash."""
     return s.db.write(
-        lambda session: service.create_token(session, s.ctx, body.role, body.description)
+        lambda session: service.create_token(session, s.ctx, body.role, body.description, body.jobs)
     )
 
 

@@ -1,8 +1,9 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Role(StrEnum):
@@ -23,6 +24,17 @@ class Role(StrEnum):
 _ORDER = (Role.READER, Role.WRITER, Role.ADMIN)
 
 
+# A job name (see metaservice.names) in which '*' stands for any run of characters and
+# '?' for one: the shell's patterns, without brackets.
+JOB_SCOPE_PATTERN = r"^[A-Za-z0-9_.\-*?]{1,200}$"
+JobScope = Annotated[str, Field(pattern=JOB_SCOPE_PATTERN, examples=["ingest_*"])]
+_JOBS_DESCRIPTION = (
+    "For a writer token: the jobs it may act for, by name or pattern ('*' any characters, "
+    "'?' one); it then registers, runs and reports only those jobs and publishes logs only "
+    "for the tables they write. Absent: every job."
+)
+
+
 class TokenRequest(BaseModel):
     """The body of ``POST /tokens``."""
 
@@ -30,11 +42,23 @@ class TokenRequest(BaseModel):
 
     role: Role
     description: str = Field("", max_length=1000, examples=["spark jobs of team orders"])
+    jobs: list[JobScope] | None = Field(
+        None, min_length=1, max_length=100, description=_JOBS_DESCRIPTION
+    )
+
+    @model_validator(mode="after")
+    def _scope_only_for_writers(self) -> TokenRequest:
+        if self.jobs is not None and self.role is not Role.WRITER:
+            raise ValueError(
+                f"jobs scopes a writer token; a {self.role.value} token cannot be scoped"
+            )
+        return self
 
 
 class TokenCreated(BaseModel):
     id: int
     role: Role
+    jobs: list[str] | None = Field(None, description=_JOBS_DESCRIPTION)
     token: str = Field(description="The bearer token; shown only here, the service keeps its hash")
 
 
@@ -43,3 +67,4 @@ class TokenView(BaseModel):
     role: Role
     description: str
     created_ms: int
+    jobs: list[str] | None = Field(None, description=_JOBS_DESCRIPTION)
