@@ -408,6 +408,14 @@ def _token_count(url: str) -> int:
 def token_create(
     role: Annotated[Role, typer.Option(help="What the token may do", case_sensitive=False)],
     description: Annotated[str, typer.Option(help="Whom or what the token is for")] = "",
+    jobs: Annotated[
+        str | None,
+        typer.Option(
+            help="Scope a writer token to these jobs: comma-separated names or patterns "
+            "('ingest_*,build_order_detail'); it then acts only for them and the tables "
+            "they write. Default: every job",
+        ),
+    ] = None,
     db: DbOption = None,
 ) -> None:
     """Issue a token; it is printed alone on the last line: `TOKEN=$(... | tail -n 1)`."""
@@ -415,18 +423,42 @@ def token_create(
 
     if len(description) > 1000:
         raise _fail("--description is longer than 1000 characters")
+    scope = _job_scope(jobs, role)
     ctx, database = _token_db(db)
     try:
         created = database.write(
-            lambda session: auth_service.create_token(session, ctx, role, description)
+            lambda session: auth_service.create_token(session, ctx, role, description, scope)
         )
     finally:
         database.dispose()
+    scoped = f", scoped to the jobs {', '.join(created.jobs)}" if created.jobs else ""
     typer.echo(
-        f"token {created.id} with role {created.role.value} created; the database keeps only "
-        "its hash, so this is the one time it is shown:"
+        f"token {created.id} with role {created.role.value}{scoped} created; the database "
+        "keeps only its hash, so this is the one time it is shown:"
     )
     typer.echo(created.token)
+
+
+def _job_scope(jobs: str | None, role: Role) -> list[str] | None:
+    """--jobs as a list of patterns, checked as the service checks them."""
+    import re
+
+    from metaservice.auth.schemas import JOB_SCOPE_PATTERN
+
+    if jobs is None:
+        return None
+    if role is not Role.WRITER:
+        raise _fail(f"--jobs scopes a writer token; a {role.value} token cannot be scoped")
+    patterns = [p.strip() for p in jobs.split(",") if p.strip()]
+    if not patterns:
+        raise _fail("--jobs needs at least one job name or pattern")
+    for pattern in patterns:
+        if not re.fullmatch(JOB_SCOPE_PATTERN.strip("^$"), pattern):
+            raise _fail(
+                f"--jobs: '{pattern}' is not a job name or pattern (letters, digits, "
+                "'_', '.', '-', and '*' or '?')"
+            )
+    return patterns
 
 
 @token_app.command("list")
@@ -445,8 +477,17 @@ def token_list(db: DbOption = None, output: OutputOption = Output.table) -> None
         return out.dump(page.items)
     out.table(
         f"{page.total} tokens",
-        ("id", "role", "description", "created"),
-        [(str(t.id), t.role.value, t.description, fmt.when(t.created_ms)) for t in page.items],
+        ("id", "role", "jobs", "description", "created"),
+        [
+            (
+                str(t.id),
+                t.role.value,
+                ",".join(t.jobs) if t.jobs is not None else "*",
+                t.description,
+                fmt.when(t.created_ms),
+            )
+            for t in page.items
+        ],
     )
 
 

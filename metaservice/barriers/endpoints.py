@@ -7,6 +7,7 @@ from functools import partial
 from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
 
 from metaservice.auth.schemas import Role
+from metaservice.auth.service import Caller, check_job_scope
 from metaservice.barriers import offline, service
 from metaservice.barriers.schemas import (
     MAX_SIGNED_64,
@@ -24,7 +25,7 @@ from metaservice.barriers.schemas import (
     OfflineGrantRequest,
 )
 from metaservice.db import POLL, URGENT
-from metaservice.deps import Services, json_response, require, services, services_of
+from metaservice.deps import Services, caller, json_response, require, services, services_of
 from metaservice.errors import TooLarge
 from metaservice.metrics import BARRIERS, COMMITS
 from metaservice.schemas_common import error_responses
@@ -256,8 +257,11 @@ def abandon_batch(
     response_model=CommitResult,
     responses=error_responses(400, 404, 409, 413),
 )
-async def report_commit(http: Request, report: CommitReport) -> Response:
+async def report_commit(
+    http: Request, report: CommitReport, who: Caller = Depends(caller)
+) -> Response:
     """Report that a job's batch committed a snapshot (idempotent; 409 on a conflicting report)."""
+    check_job_scope(who, report.job)
     s = services_of(http)
     result = await s.db.write_async(
         lambda session: service.report_commits(session, s.ctx, [report]), URGENT
@@ -276,10 +280,13 @@ async def report_commit(http: Request, report: CommitReport) -> Response:
 async def report_commits(
     http: Request,
     body: CommitBatch = Body(description="Many reports; each is idempotent on its own"),
+    who: Caller = Depends(caller),
 ) -> Response:
     """Report many commits at once, all or nothing: one bad report refuses the request."""
     s = services_of(http)
     _check_count(s, len(body.commits), "reports", field="commits")
+    for i, report in enumerate(body.commits):
+        check_job_scope(who, report.job, field=f"commits.{i}.job")
     result = await s.db.write_async(
         lambda session: service.report_commits(
             session, s.ctx, body.commits, field_prefix="commits."
