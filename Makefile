@@ -12,12 +12,13 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 
-# Debian's chromium for the console's browser tests (playwright drives it; it downloads none).
+# Debian's chromium for the console's browser tests only (playwright drives it; it downloads
+# none): the demo needs no browser, so it takes just the virtual environment.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 install: $(VENV)/.installed
 	@command -v chromium >/dev/null || ($(SUDO) apt-get update && $(SUDO) apt-get install -y chromium)
 
-demo: install
+demo: $(VENV)/.installed
 	$(PY) -m examples.streaming_warehouse $(ARGS)
 
 # The whole suite, PostgreSQL tests included (they need METASERVICE_TEST_PG_URL), in two
