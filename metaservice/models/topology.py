@@ -52,7 +52,11 @@ class Table(Base):
     handed out on a snapshot older than that.
 
     ``log_mode`` and ``log_address``: the table's log store ("embedded" in its writing
-    driver, or "external"), as its writer published it; None when it has none."""
+    driver, or "external"), as its writer published it; None when it has none.
+
+    ``writer_first_batch``: the first batch id of the writer that may report the table,
+    the writer's next batch when it took the table on (a batch opened before was opened
+    without it, see ``barriers.service.fence``); None: every batch of the writer."""
 
     __tablename__ = "tables"
 
@@ -66,6 +70,7 @@ class Table(Base):
     log_mode: Mapped[str | None] = mapped_column(String(16), nullable=True)
     log_address: Mapped[str | None] = mapped_column(String(400), nullable=True)
     log_updated_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    writer_first_batch: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class JobInput(Base):
