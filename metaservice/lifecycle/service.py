@@ -37,6 +37,7 @@ from metaservice.lifecycle.schemas import ExpiryPlan, PlannedSnapshot, Retention
 from metaservice.models import DERIVED, Table
 from metaservice.names import check_table_name
 from metaservice.revisions import service as revisions
+from metaservice.revisions import swap
 from metaservice.topology import repository as topo
 from metaservice.versions import repository as lease_repo
 from metaservice.versions.tags import service as tags
@@ -51,6 +52,7 @@ def expiry_plan(
     check_table_name(table)
     if for_expiry:
         revisions.refuse_pending_mirror(session, table)
+        swap.refuse_unfinished_swap(session, [table], "expiring")
     return _plan(session, ctx, topo.require_table(session, table))
 
 
@@ -66,6 +68,7 @@ def reserve_expiry(session: Session, ctx: Context, table: str) -> ExpiryPlan:
     """
     check_table_name(table)
     revisions.refuse_pending_mirror(session, table)
+    swap.refuse_unfinished_swap(session, [table], "expiring")
     found = topo.require_table(session, table)
     locked = lease_repo.lock_tables(session, [found.id], exclusive=True)
     if not locked:

@@ -3,6 +3,7 @@
 from metaservice.models.auth import ApiToken
 from metaservice.models.barriers import Batch, BatchInput, BatchPlan, ClockState, Commit
 from metaservice.models.base import Base
+from metaservice.models.catalog_sessions import CatalogSession, CatalogSessionTable
 from metaservice.models.leases import Lease, LeaseSnapshot
 from metaservice.models.lifecycle import ExpiredSnapshot, TableRetention
 from metaservice.models.openlineage import (
@@ -12,7 +13,7 @@ from metaservice.models.openlineage import (
     OpenLineageEvent,
     OpenLineageOutbox,
 )
-from metaservice.models.revisions import Revision, RevisionTable
+from metaservice.models.revisions import Revision, RevisionSwapStep, RevisionTable
 from metaservice.models.tags import VersionTag, VersionTagSnapshot
 from metaservice.models.topology import DERIVED, SOURCE, Job, JobInput, Table
 
@@ -24,6 +25,8 @@ __all__ = [
     "Batch",
     "BatchInput",
     "BatchPlan",
+    "CatalogSession",
+    "CatalogSessionTable",
     "ClockState",
     "Commit",
     "ExpiredSnapshot",
@@ -37,6 +40,7 @@ __all__ = [
     "OpenLineageEvent",
     "OpenLineageOutbox",
     "Revision",
+    "RevisionSwapStep",
     "RevisionTable",
     "Table",
     "TableRetention",

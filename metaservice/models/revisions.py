@@ -62,3 +62,23 @@ class RevisionTable(Base):
     start_snapshot_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     writer: Mapped[str] = mapped_column(String(200))
     frontier: Mapped[int] = mapped_column(BigInteger)
+
+
+class RevisionSwapStep(Base):
+    """One catalog step of a swap through a catalog outside the MetaService's database:
+    rename ``source`` to ``target``, moving the original table (``moves`` = ``original``)
+    or the revision's mirror (``mirror``). The steps are written in the transaction that
+    swaps the records, so none is ever lost, and each one gets ``done_ms`` once the
+    catalog shows it done (``revisions.swap``); until every step of a revision has,
+    expiry and new revisions of the tables they name are refused."""
+
+    __tablename__ = "revision_swap_steps"
+
+    revision_id: Mapped[int] = mapped_column(
+        ForeignKey("revisions.id", ondelete="CASCADE"), primary_key=True
+    )
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    source: Mapped[str] = mapped_column(String(420))
+    target: Mapped[str] = mapped_column(String(420))
+    moves: Mapped[str] = mapped_column(String(16))
+    done_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)

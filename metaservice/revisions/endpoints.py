@@ -5,7 +5,7 @@ from fastapi import APIRouter, Body, Depends, Path, Response
 from metaservice.auth.schemas import Role
 from metaservice.deps import Paging, Services, paging, require, services
 from metaservice.lifecycle.endpoints import CATALOG_UNAVAILABLE
-from metaservice.revisions import mirrors, service
+from metaservice.revisions import mirrors, service, swap
 from metaservice.revisions.schemas import (
     MAX_REVISION_ID,
     RevisionRequest,
@@ -79,9 +79,12 @@ def swap_revision(
     catalog in the MetaService's database): consistent versions go from all-old to
     all-new at once, their barriers never going back. 200 ``swapped``; 202 ``swapping``
     when the mirrors did not get there within ``wait_seconds`` (POST again to continue).
+    With any other catalog the renames follow that commit as journaled steps: 503
+    ``catalog_unavailable`` (or 409 ``swap_blocked``) when one fails, and POST again
+    finishes the same renames; swapping a swapped revision changes nothing.
     409 ``not_ready``, ``revision_cancelled``; 404 ``unknown_revision``."""
     wait = (body or SwapRequest()).wait_seconds
-    view = mirrors.swap_revision(s.db, s.ctx, revision_id, wait)
+    view = swap.swap_revision(s.db, s.ctx, revision_id, wait)
     if view.state != "swapped":
         response.status_code = 202
     return view
@@ -91,10 +94,11 @@ def swap_revision(
     "/revisions/{revision_id}",
     response_model=RevisionView,
     dependencies=[require(Role.ADMIN)],
-    responses={**error_responses(404), **CATALOG_UNAVAILABLE},
+    responses={**error_responses(404, 409), **CATALOG_UNAVAILABLE},
 )
 def cancel_revision(revision_id: int = RevisionId, s: Services = Depends(services)) -> RevisionView:
     """Cancel the revision (admin): state ``cancelled``, its mirrors dropped from the
     catalog without deleting any file (they are the original's). Cancelling a cancelled
-    revision answers it again. 404 ``unknown_revision``."""
+    revision answers it again. 409 ``revision_swapped`` for a swapped revision (its
+    mirrors are the tables now). 404 ``unknown_revision``."""
     return mirrors.cancel_revision(s.db, s.ctx, revision_id)

@@ -6,18 +6,21 @@ Creating a revision of ``table`` from ``from_barrier``:
 0. Refusals that change nothing: the body (422), an unknown table (404), a catalog that cannot be opened (503).
 1. Record the revision (state ``creating``) with its affected tables and their start
    snapshots (``service.record_revision``: 404, 409 ``no_writer``, ``not_reached``,
-   ``not_exact``, ``expired``, ``revision_overlaps`` change nothing). From its commit on,
+   ``not_exact``, ``expired``, ``revision_overlaps``, and ``swap_unfinished`` while a
+   swap's catalog renames name an affected table, change nothing). From its commit on,
    expiry keeps every start snapshot.
 2. Make each mirror in the catalog (a metadata file and ``register_table``).
 3. Mark the revision ``planned``.
 
-When 2 or 3 fails, the mirrors made so far are dropped (with the metadata files written
+When 2 or 3 fails, the mirrors made so far are dropped (``catalog_steps.UndoLog``) (with the metadata files written
 for them) and the record is deleted: nothing is left. Should that undo fail too, the
 record stays ``creating`` (its start snapshots stay kept) and ``DELETE`` finishes it.
 
 Cancelling drops the mirrors from the catalog (no data file is deleted: they are the
 original's) after marking the revision ``cancelled``. Cancelling a cancelled revision
-answers it again, and drops any mirror a failed cancel left.
+answers it again, and drops any mirror a failed cancel left. A swapped revision cannot be
+cancelled (409 ``revision_swapped``): its mirrors are the tables now. The swap is
+``revisions.swap``.
 
 pyiceberg is imported only here, when a catalog is opened: the service itself runs
 without the ``iceberg`` extra.
@@ -26,16 +29,18 @@ without the ``iceberg`` extra.
 from __future__ import annotations
 
 import logging
-import time
+from functools import partial
 from typing import TYPE_CHECKING
 
+from sqlalchemy.orm import Session
+
+from metaservice.catalog_steps import UndoLog
 from metaservice.context import Context
-from metaservice.db import Database, normalise_url
+from metaservice.db import Database
 from metaservice.errors import Conflict, ServiceError
 from metaservice.lifecycle.expiry import CatalogLoader, CatalogUnavailable, open_catalog
-from metaservice.revisions import replaced_logs, service
-from metaservice.revisions.schemas import RevisionRequest, RevisionView
-from metaservice.settings import Settings
+from metaservice.revisions import service, swap
+from metaservice.revisions.schemas import MirrorView, RevisionRequest, RevisionView
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -56,12 +61,21 @@ def create_revision(
     from metaservice.lifecycle.iceberg import close_catalog
 
     try:
-        planned = db.write(
-            lambda session: service.record_revision(session, ctx, body.table, body.from_barrier)
-        )
+        planned = db.write(lambda session: _record(session, ctx, body))
         return _make_mirrors(db, ctx, catalog, planned)
     finally:
         close_catalog(catalog)
+
+
+def _record(session: Session, ctx: Context, body: RevisionRequest) -> RevisionView:
+    """Step 1, refused (409 ``swap_unfinished``, rolled back) while a swap's catalog
+    renames name an affected table: a mirror would be made from whichever table the
+    catalog has under that name."""
+    planned = service.record_revision(session, ctx, body.table, body.from_barrier)
+    swap.refuse_unfinished_swap(
+        session, [t for m in planned.tables for t in (m.table, m.mirror)], "revising"
+    )
+    return planned
 
 
 def _make_mirrors(
@@ -69,15 +83,22 @@ def _make_mirrors(
 ) -> RevisionView:
     from metaservice.revisions import iceberg
 
-    made: dict[str, str] = {}  # mirror -> its metadata file
+    def make(m: MirrorView) -> str:
+        return iceberg.create_mirror(
+            catalog, m.table, m.mirror, m.start_snapshot, planned.id, ctx.now_ms()
+        )
+
+    def drop(m: MirrorView, path: str) -> None:
+        # the metadata file just written (still the mirror's only one) goes too
+        iceberg.drop_mirror(catalog, m.mirror, planned.id, made_at=path)
+
+    undo = UndoLog()
     try:
         for m in planned.tables:
-            made[m.mirror] = iceberg.create_mirror(
-                catalog, m.table, m.mirror, m.start_snapshot, planned.id, ctx.now_ms()
-            )
+            undo.run(partial(make, m), partial(drop, m))
         return db.write(lambda session: service.mark_planned(session, ctx, planned.id))
     except Exception as exc:
-        _undo(db, catalog, planned, made, exc)
+        _undo(db, planned, undo, exc)
         if isinstance(exc, ServiceError):
             raise
         if isinstance(exc, iceberg.OriginalMissing):
@@ -99,20 +120,11 @@ def _make_mirrors(
         ) from exc
 
 
-def _undo(
-    db: Database,
-    catalog: Catalog,
-    planned: RevisionView,
-    made: dict[str, str],
-    cause: Exception,
-) -> None:
+def _undo(db: Database, planned: RevisionView, undo: UndoLog, cause: Exception) -> None:
     """Drop the mirrors this request made, then the record."""
-    from metaservice.revisions import iceberg
-
     log.warning("making the mirrors of revision %d failed (%s); undoing it", planned.id, cause)
     try:
-        for mirror, path in sorted(made.items()):
-            iceberg.drop_mirror(catalog, mirror, planned.id, made_at=path)
+        undo.undo_all()
         db.write(lambda session: service.forget(session, planned.id))
     except Exception as exc:
         log.exception("undoing revision %d failed", planned.id)
@@ -138,7 +150,7 @@ def cancel_revision(
     from metaservice.revisions import iceberg
 
     try:
-        cancelled = db.write(lambda session: service.mark_cancelled(session, ctx, revision_id))
+        cancelled = db.write(lambda session: _cancel(session, ctx, revision_id))
         try:
             for m in cancelled.tables:
                 if iceberg.drop_mirror(catalog, m.mirror, revision_id):
@@ -154,6 +166,11 @@ def cancel_revision(
         close_catalog(catalog)
 
 
+def _cancel(session: Session, ctx: Context, revision_id: int) -> RevisionView:
+    swap.refuse_cancel_swapped(session, revision_id)  # 409 revision_swapped
+    return service.mark_cancelled(session, ctx, revision_id)
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0][:300] if text else ''}"
@@ -165,108 +182,3 @@ def _unavailable(doing: str, exc: Exception, then: str) -> CatalogUnavailable:
         f"{doing} failed: {_first_line(exc)}. {then}; try again once the catalog and its "
         "storage are reachable"
     )
-
-
-# -- the swap ---------------------------------------------------------------------------------
-
-# How often a swap looks again whether the mirrors reached the frozen originals.
-SWAP_POLL_SECONDS = 0.2
-
-
-def catalog_in_database(settings: Settings) -> str | None:
-    """The name of the jobs' catalog when it is a pyiceberg SQL catalog in the
-    MetaService's own database (the default), whose tables a swap renames in its own
-    transaction; None for any other catalog."""
-    from metaservice.lifecycle.iceberg import CATALOG_NAME, is_sql_catalog
-    from metaservice.reconcile.iceberg import catalog_properties
-
-    properties = catalog_properties(settings)
-    if not is_sql_catalog(properties):
-        return None
-    uri = properties.get("uri", "")
-    if not uri or normalise_url(uri) != normalise_url(settings.db_url):
-        return None
-    return CATALOG_NAME
-
-
-def swap_revision(
-    db: Database,
-    ctx: Context,
-    revision_id: int,
-    wait_seconds: float,
-    *,
-    load_catalog: CatalogLoader | None = None,
-) -> RevisionView:
-    """Swap a ready revision's mirrors in for their originals; returns it ``swapped``, or
-    ``swapping`` when the mirrors have not reached the frozen originals within
-    ``wait_seconds`` (a later call continues)::
-
-    view = swap_revision(db, ctx, 7, wait_seconds=30)
-    assert view.state in ("swapping", "swapped")
-
-    1. ``service.begin_swap``: 409 ``not_ready`` unless the revision is ready; from its
-       commit on, the original writers are superseded (no new batch; their open batches'
-       reports are still recorded).
-    2. Wait until each mirror's frontier reaches its original's, which no longer moves
-       once their open batches are reported (idle revision jobs are advanced meanwhile).
-    3. ``service.finish_swap``: one transaction renames the tables' records and, when
-       the catalog is a SQL catalog in this database, its tables too.
-    4. Any other catalog is renamed through pyiceberg right after that commit: until it
-       is, a reader loading a table by name may get the original's metadata and then a
-       snapshot the MetaService no longer names for it (an error, never a mix).
-    5. The log services that held the originals or the mirrors (their logs were
-       un-published in 3) drop those rows and move to a new epoch
-       (``revisions.replaced_logs``; best effort, one warning for a log service down).
-    """
-    db.read(lambda session: service.get_revision(session, ctx, revision_id))  # 404 first
-    in_catalog = catalog_in_database(ctx.settings)
-    catalog = None if in_catalog else open_catalog(ctx.settings, load_catalog, "swapping")
-    from metaservice.lifecycle.iceberg import close_catalog
-
-    try:
-        started = db.write(lambda session: service.begin_swap(session, ctx, revision_id))
-        if started.state == "swapped" and catalog is None:
-            return started
-        deadline = time.monotonic() + wait_seconds
-        while True:
-            db.write(lambda session: service.advance_revision_jobs(session, ctx, revision_id))
-            done = db.write(
-                lambda session: service.finish_swap(
-                    session, ctx, revision_id, in_catalog=in_catalog
-                )
-            )
-            if done is not None:
-                try:
-                    if catalog is not None:
-                        _rename_in(catalog, revision_id, done.renames)
-                finally:
-                    # after the renames: a reader the reset sends to the snapshots loads
-                    # the swapped-in table by its name
-                    replaced_logs.drop_replaced(revision_id, done.logs)
-                return done.view
-            if time.monotonic() >= deadline:
-                return db.read(lambda session: service.get_revision(session, ctx, revision_id))
-            time.sleep(SWAP_POLL_SECONDS)
-    finally:
-        if catalog is not None:
-            close_catalog(catalog)
-
-
-def _rename_in(catalog: Catalog, revision_id: int, renames: list[service.Renamed]) -> None:
-    """Rename the swapped tables in a catalog outside the MetaService's database (again
-    for a swap answered before: a rename already done is skipped)."""
-    from metaservice.lifecycle.iceberg import load_table
-
-    try:
-        for r in renames:
-            if load_table(catalog, r.pre) is None and load_table(catalog, r.table) is not None:
-                catalog.rename_table(r.table, r.pre)
-        for r in renames:
-            if load_table(catalog, r.mirror) is not None:
-                catalog.rename_table(r.mirror, r.table)
-    except Exception as exc:
-        raise _unavailable(
-            f"renaming the tables of revision {revision_id} in the catalog",
-            exc,
-            "The MetaService has swapped them; POST /swap again finishes the renames",
-        ) from exc

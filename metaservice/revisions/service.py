@@ -26,6 +26,7 @@ Iceberg side is ``revisions.mirrors``.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import networkx as nx
@@ -555,6 +556,10 @@ class ReplacedLog:
     address: str
 
 
+# The catalog's part of a swap, in the transaction that swaps the records.
+CatalogSide = Callable[[Session, list[Renamed]], None]
+
+
 @dataclass(frozen=True)
 class Swapped:
     """A finished swap: the revision, the renames (for a catalog outside this database)
@@ -566,16 +571,16 @@ class Swapped:
 
 
 def finish_swap(
-    session: Session, ctx: Context, revision_id: int, *, in_catalog: str | None
+    session: Session, ctx: Context, revision_id: int, *, catalog_side: CatalogSide
 ) -> Swapped | None:
     """The swap itself, in this write transaction, once every mirror has reached its
     frozen original and no original writer has a batch open; None while they have not.
 
     The tables' records are renamed (original ``t`` -> ``t__pre_rev<id>``, mirror ->
     ``t``), so the revision jobs write the tables by their names from the commit on, and a
-    consistent version resolves the names all before or all after it. ``in_catalog``: the
-    name of a SQL catalog in this database, whose tables are renamed in this same
-    transaction.
+    consistent version resolves the names all before or all after it. ``catalog_side``:
+    the catalog's part, in this same transaction (``revisions.swap``: the renames of a
+    SQL catalog in this database, or the journal of another catalog's renames).
 
     The logs published for the originals and the mirrors are un-published in the same
     transaction: what they hold is the replaced lineage (or the mirror's rows under a
@@ -627,8 +632,7 @@ def finish_swap(
         repo.rename_table(session, a.table_id, r.pre)
     for a in affected:
         repo.rename_table(session, mirrors[a.mirror].id, a.table)
-    if in_catalog is not None:
-        _rename_in_catalog(session, in_catalog, renames)
+    catalog_side(session, renames)
     repo.set_frontiers(session, revision_id, reached)
     repo.set_state(session, revision_id, SWAPPED, ctx.now_ms(), only_from=[SWAPPING])
     topo.bump_topology_version(session)  # the graph names the tables
@@ -652,25 +656,6 @@ def _lock_jobs(
     originals = {w: jobs[w] for w in writers}
     revised = {w: jobs[revision_job_name(w, revision_id)] for w in writers}
     return originals, revised
-
-
-def _split(identifier: str) -> tuple[str, str]:
-    namespace, _, name = identifier.rpartition(".")
-    return namespace, name
-
-
-def _rename_in_catalog(session: Session, catalog: str, renames: list[Renamed]) -> None:
-    for step in ("pre", "mirror"):
-        for r in renames:
-            source, target = (r.table, r.pre) if step == "pre" else (r.mirror, r.table)
-            if not repo.rename_catalog_table(session, catalog, _split(source), _split(target)):
-                raise Conflict(
-                    f"the Iceberg table '{source}' is not in the catalog '{catalog}' in the "
-                    "MetaService's database, so it cannot be renamed to "
-                    f"'{target}'. Nothing was changed",
-                    field="revision_id",
-                    code="not_in_catalog",
-                )
 
 
 # -- what expiry needs ------------------------------------------------------------------------

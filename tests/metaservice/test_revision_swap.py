@@ -21,7 +21,7 @@ from fastapi.testclient import TestClient
 
 from metaservice.clock import ManualClock
 from metaservice.contract import encode_stamp
-from metaservice.revisions import mirrors
+from metaservice.revisions import swap as swap_module
 from metaservice.settings import Settings
 from spark_barrier.iceberg.catalog import open_catalog, sql_catalog_properties
 from tests.metaservice import test_expiry
@@ -307,9 +307,9 @@ def snapshot_ids(lake: Lake, table: str) -> set[int]:
 
 
 def test_the_swap_catalog_path_is_the_same_transaction_here(settings: Settings) -> None:
-    assert mirrors.catalog_in_database(settings) == "metaservice"
+    assert swap_module.catalog_in_database(settings) == "metaservice"
     other = Settings(db_url=settings.db_url, catalog_properties={"uri": "sqlite:///other.db"})
-    assert mirrors.catalog_in_database(other) is None
+    assert swap_module.catalog_in_database(other) is None
 
 
 def test_a_swap_before_the_revision_is_ready_is_409_not_ready_and_changes_nothing(
@@ -509,7 +509,7 @@ def test_with_another_catalog_the_tables_are_renamed_right_after_the_swap(
     through pyiceberg after the swap's commit."""
     properties = sql_catalog_properties(f"sqlite:///{tmp_path / 'catalog.db'}", str(tmp_path))
     assert (
-        mirrors.catalog_in_database(Settings(db_url=db_url, catalog_properties=properties)) is None
+        swap_module.catalog_in_database(Settings(db_url=db_url, catalog_properties=properties)) is None
     )
     elsewhere = open_catalog(properties["uri"], properties["warehouse"])
     try:
