@@ -6,12 +6,13 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from sqlalchemy import bindparam, column, delete, func, select, table, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from metaservice.models import (
     Batch,
     Commit,
     ExpiredSnapshot,
+    Job,
     JobInput,
     LeaseSnapshot,
     Revision,
@@ -179,6 +180,29 @@ def active_start_snapshots(session: Session, table_id: int) -> list[Kept]:
         .order_by(RevisionTable.revision_id)
     )
     return [Kept(r, s or 0) for r, s in rows]  # filtered: never null
+
+
+def active_reading(session: Session, table_id: int) -> list[tuple[int, int]]:
+    """(revision id, from barrier) of each active revision whose jobs read the table from
+    the original (an input of an affected table's writer, not itself affected): the
+    revision jobs' first batch reads it from its snapshot at the barrier."""
+    own = aliased(RevisionTable)
+    affected = (
+        select(own.table_id)
+        .where(own.revision_id == Revision.id, own.table_id == table_id)
+        .correlate(Revision)
+        .exists()
+    )
+    rows = session.execute(
+        select(Revision.id, Revision.from_barrier)
+        .join(RevisionTable, RevisionTable.revision_id == Revision.id)
+        .join(Job, Job.name == RevisionTable.writer)
+        .join(JobInput, JobInput.job_id == Job.id)
+        .where(JobInput.table_id == table_id, Revision.state.in_(ACTIVE), ~affected)
+        .distinct()
+        .order_by(Revision.id)
+    )
+    return [(r, b) for r, b in rows]
 
 
 def active_by_mirror(session: Session, mirror: str) -> int | None:

@@ -127,17 +127,34 @@ def _plan(session: Session, ctx: Context, table: str, from_barrier: int) -> _Pla
     writers = {name: jobs[t.writer_id] for name, t in tables.items() if t.writer_id}
     _check_sources(table, writers)
     _check_reached(session, ctx, writers, from_barrier)
-    locked = {
-        t.name: t
-        for t in lease_repo.lock_tables(session, [t.id for t in tables.values()], exclusive=True)
-    }
-    if set(locked) != set(names):
-        raise NotFound(f"an affected table of '{table}' was deleted meanwhile", field="table")
+    inputs = _unaffected_inputs(session, writers, set(names))
+    # The inputs are locked as the affected tables are: a concurrent expiry reservation
+    # either committed first (its horizon is seen here) or sees this revision's record.
+    wanted = [t.id for t in tables.values()] + [t.id for t in inputs.values()]
+    every = {t.name: t for t in lease_repo.lock_tables(session, wanted, exclusive=True)}
+    locked = {name: every[name] for name in names if name in every}
+    if set(locked) != set(names) or set(every) != set(locked) | set(inputs):
+        raise NotFound(
+            f"an affected table of '{table}' or an input of its writers was deleted meanwhile",
+            field="table",
+        )
     _check_overlaps(session, table, locked)
-    found = barrier_repo.snapshots_at(session, [t.id for t in locked.values()], from_barrier)
-    starts = {name: found[t.id] for name, t in locked.items()}
-    _check_expired(session, locked, starts, from_barrier)
-    return _Planned(locked, writers, starts)
+    found = barrier_repo.snapshots_at(session, [t.id for t in every.values()], from_barrier)
+    starts = {name: found[t.id] for name, t in every.items()}
+    _check_expired(session, every, starts, from_barrier, inputs=set(inputs))
+    return _Planned(locked, writers, {name: starts[name] for name in locked})
+
+
+def _unaffected_inputs(
+    session: Session, writers: dict[str, Job], affected: set[str]
+) -> dict[str, Table]:
+    """The tables the revision jobs will read from the originals (by name): their
+    writers' inputs outside the affected set. Their first batch reads each from its
+    snapshot at ``from_barrier``, which must therefore still exist (``kept_snapshots``
+    keeps it while the revision is active)."""
+    jobs = {j.id: j for j in writers.values()}
+    found = topo.input_tables_of_jobs(session, sorted(jobs))
+    return {t.name: t for rows in found.values() for t in rows if t.name not in affected}
 
 
 def _check_sources(table: str, writers: dict[str, Job]) -> None:
@@ -205,22 +222,48 @@ def _check_overlaps(session: Session, table: str, tables: dict[str, Table]) -> N
 
 
 def _check_expired(
-    session: Session, tables: dict[str, Table], starts: dict[str, int | None], from_barrier: int
+    session: Session,
+    tables: dict[str, Table],
+    starts: dict[str, int | None],
+    from_barrier: int,
+    *,
+    inputs: set[str],
 ) -> None:
+    """409 ``expired`` when an affected table (its mirror starts there) or an unaffected
+    input of a revision job (its first batch reads from there) may have lost its snapshot
+    at ``from_barrier``. The message names the oldest barrier still possible: no table's
+    snapshots are expired at or above its expiry horizon."""
+    oldest = max((t.expiry_horizon or 0 for t in tables.values()), default=0)
     for name, t in sorted(tables.items()):
         start = starts[name]
         below = t.expiry_horizon is not None and from_barrier < t.expiry_horizon
         if below or (start is not None and repo.expired_ids(session, t.id, [start])):
             horizon = t.expiry_horizon
+            role = (
+                "an input the revision jobs read from the original, from its snapshot at "
+                "the barrier"
+                if name in inputs
+                else "an affected table, whose mirror starts at its snapshot at the barrier"
+            )
             raise Conflict(
-                f"table '{name}' has no snapshot at barrier {from_barrier} any more: "
+                f"table '{name}' ({role}) has no snapshot at barrier {from_barrier} any "
+                "more: "
                 + (
                     f"its snapshots older than the one at barrier {horizon} (its expiry "
                     "horizon) may have been expired"
                     if horizon is not None
                     else f"snapshot {start} was expired"
                 )
-                + ". Revise from a later barrier",
+                + ". Revise from a later barrier"
+                + (
+                    f": the oldest still possible is {oldest} (the highest expiry horizon "
+                    "among the tables the revision reads), at a barrier every affected "
+                    "table is exact at (GET /api/v1/versions/consistent?tables=..."
+                    f"&at_or_before=B with B >= {oldest})"
+                    if oldest > from_barrier
+                    else ""
+                )
+                + ". Nothing was changed",
                 field="from_barrier",
                 code="expired",
             )
@@ -662,9 +705,16 @@ def _lock_jobs(
 
 
 def kept_snapshots(session: Session, table_id: int) -> list[Kept]:
-    """The start snapshots that active revisions keep in the table: a mirror reads the
-    files they reach."""
-    return repo.active_start_snapshots(session, table_id)
+    """The snapshots revisions keep in the table: the start snapshots of their mirrors
+    (a mirror reads the files they reach), and, while a revision is active, the table's
+    snapshot at its barrier when its jobs read the table from the original (their first
+    batch reads from there, as a lease's reader reads what it pins)."""
+    kept = repo.active_start_snapshots(session, table_id)
+    for revision_id, from_barrier in repo.active_reading(session, table_id):
+        snapshot = barrier_repo.snapshots_at(session, [table_id], from_barrier)[table_id]
+        if snapshot is not None:
+            kept.append(Kept(revision_id, snapshot))
+    return kept
 
 
 def refuse_pending_mirror(session: Session, table: str) -> None:
