@@ -346,6 +346,57 @@ class ResetQuery(Compact):
     job: str
 
 
+@dataclass(frozen=True, repr=False)
+class LateOutput(Compact):
+    """An output is added to the job while its batch is open (or after its last batch,
+    ``done``), and a report of that batch arrives for the new output: the batch was
+    opened before the edit, so the report must be refused and change nothing."""
+
+    job: str
+    done: bool = False
+
+
+@dataclass(frozen=True, repr=False)
+class MoveOutput(Compact):
+    """The job's added output (``<table>_x``, added first if it has none) moves to the
+    next job of the topology: removed from one, then added to the other; either edit may
+    be refused (409, nothing changed)."""
+
+    job: str
+
+
+@dataclass(frozen=True, repr=False)
+class ChangeInputs(Compact):
+    """A derived job that never committed, after its sources planned (``Peek``), gets
+    other inputs ("add_input" or "drop_input") for good; a 409 must change nothing."""
+
+    job: str
+    change: str = "add_input"
+
+
+@dataclass(frozen=True, repr=False)
+class Rejoin(Compact):
+    """A source job is deleted and registered again (under its name, or a new one when
+    ``rename``), its driver restarting with a new query: the table keeps its history."""
+
+    job: str
+    rename: bool = False
+
+
+@dataclass(frozen=True, repr=False)
+class Reconcile(Compact):
+    """``metaservice reconcile``: the service reads every table's stamped snapshots (a
+    dead driver's commits of abandoned batches included) and records what it lacks."""
+
+
+@dataclass(frozen=True, repr=False)
+class Retention(Compact):
+    """PUT /tables/{table}/retention with keep_last: expiry plans keep the newest N."""
+
+    table: str
+    keep_last: int = 2
+
+
 Step = (
     Advance
     | Tick
@@ -365,6 +416,27 @@ Step = (
     | Replace
     | Abandon
     | ResetQuery
+    | LateOutput
+    | MoveOutput
+    | ChangeInputs
+    | Rejoin
+    | Reconcile
+    | Retention
+)
+
+# Steps that change the service's state beyond job progress: after each, every answer
+# the memo holds is asked for again (after other steps, a few of them in turn).
+STATE_CHANGES = (
+    Reregister,
+    Replace,
+    Abandon,
+    LateOutput,
+    MoveOutput,
+    ChangeInputs,
+    Rejoin,
+    Reconcile,
+    Retention,
+    Flush,
 )
 
 
@@ -475,6 +547,8 @@ class Pending:
     claimed: bool = False  # the job gave it its barrier offline
     known: bool = True  # the service knows the batch (False: offline claim not delivered)
     abandoned: bool = False  # an operator abandoned it: its driver is dead
+    reclaim: bool = False  # the offline replay of an abandoned batch: its claim may be refused
+    reconciled: bool = False  # `reconcile` recorded its snapshot before its report arrived
 
 
 @dataclass
@@ -603,11 +677,14 @@ class Simulation:
         log: Callable[[str], None] | None = None,
         db_state: Callable[[], Any] | None = None,
         reserve: Callable[[str], dict] | None = None,
+        reconcile: Callable[[dict[str, list[dict]]], dict] | None = None,
     ) -> None:
         """``db_state``: every row of the service's database, to check that refused
         requests change nothing (else the API's view of jobs and mappings is compared).
         ``reserve``: reserve a table's expiry for an executor (None: the service has no
-        reservations, G5 is checked on plans and leases only)."""
+        reservations, G5 is checked on plans and leases only). ``reconcile``: run
+        ``metaservice reconcile`` on the given stamps, per table in commit order (None:
+        a Reconcile step does nothing)."""
         self.client = client
         self.clock = clock
         self.topo = topology
@@ -616,6 +693,7 @@ class Simulation:
         self._log = log
         self._db_state = db_state
         self._reserve = reserve
+        self._reconcile = reconcile
         self.tables = {t: TableState(t) for t in topology.tables}
         self.jobs = {
             j.name: JobState(j.name, j.name, f"q-{j.name}", [j.output]) for j in topology.jobs
@@ -628,6 +706,11 @@ class Simulation:
         self.last_version: dict[tuple[str, ...], int] = {}
         self.complete: dict[str, int] = {}  # per table: the newest barrier readers took as final
         self.reserved: dict[str, set[int]] = {t: set() for t in topology.tables}
+        # Every consistent version handed out, by (tables, at_or_before): asked again, it
+        # must be answered unchanged ("every state change keeps every answer").
+        self.memo: dict[tuple[tuple[str, ...], int], tuple[int, dict[str, int | None]]] = {}
+        self._memo_turn = 0
+        self.keep_last: dict[str, int] = {}  # retention set per table
         self._snapshot_ids = itertools.count(1_000_001, 7)
         self._row_seq = itertools.count()
         self._incarnations = itertools.count(1)
@@ -657,12 +740,13 @@ class Simulation:
         return response
 
     def refused(
-        self, method: str, path: str, status: int, codes: Iterable[str], **kwargs: Any
+        self, method: str, path: str, status: int, codes: Iterable[str] | None, **kwargs: Any
     ) -> dict:
-        """A request the service must refuse with one of ``codes``, changing nothing (G3)."""
+        """A request the service must refuse with one of ``codes`` (None: any code),
+        changing nothing (G3)."""
         before = self.snapshot_state() if G3 in self.checks else None
         body = self.call(method, path, {status}, **kwargs).json()
-        assert body.get("code") in set(codes), f"{method} {path} {kwargs}: {body}"
+        assert codes is None or body.get("code") in set(codes), f"{method} {path} {kwargs}: {body}"
         if before is not None:
             after = self.snapshot_state()
             assert after == before, f"G3: refused {method} {path} {kwargs} ({body}) changed {after}"
@@ -706,6 +790,11 @@ class Simulation:
             case Conflict(pick, kind, bundle):
                 return self.conflict(pick, kind, bundle)
             case Version(tables, back_ms, lease_s, post):
+                written = {t for _, js in self.live() for t in js.outputs}
+                if not set(tables) <= written:
+                    return "no such table"  # an added output no job has (yet)
+                for t in tables:
+                    self._add_table(t)
                 at = None if back_ms is None else max(0, self.now() - back_ms)
                 return self.version(tables, at_or_before=at, lease_seconds=lease_s, post=post)
             case Release(pick):
@@ -731,7 +820,26 @@ class Simulation:
                 return self.abandon(job, written)
             case ResetQuery(job):
                 return self.reset_query(job)
+            case LateOutput(job, done):
+                return self.late_output(job, done)
+            case MoveOutput(job):
+                return self.move_output(job)
+            case ChangeInputs(job, change):
+                return self.change_inputs(job, change)
+            case Rejoin(job, rename):
+                return self.rejoin(job, rename)
+            case Reconcile():
+                return self.reconcile()
+            case Retention(table, keep_last):
+                return self.retention(table, keep_last)
         raise AssertionError(f"unknown step {step!r}")
+
+    def step(self, step: Step) -> Any:
+        """Apply the step, then ask again for answers already given: all of them after a
+        state change, a few in turn after any other step."""
+        result = self.apply(step)
+        self.check_memo(every=isinstance(step, STATE_CHANGES), after=repr(step))
+        return result
 
     def steady_step(self, skip: Iterable[str] = ()) -> None:
         """One slot of a healthy topology: the clock moves one interval and every job
@@ -773,6 +881,8 @@ class Simulation:
     ) -> str:
         p = js.pending
         if p is not None and p.abandoned:
+            if js.floor is not None and fail == "offline" and not js.claims:
+                return self._reclaim_abandoned(jd, js, p)
             return self._replay_abandoned(jd, js, p, fail, batched)
         if js.floor is not None and (fail == "offline" or js.claims):
             return self._run_offline(jd, js, rows, fail, ahead_ms)
@@ -811,7 +921,10 @@ class Simulation:
     def _check_answer(self, js: JobState, batch_id: int, answer: dict) -> dict:
         b = answer["barrier"]
         assert answer["job"] == js.name and answer["batch_id"] == batch_id, answer
-        assert not answer["committed"], f"{js.name} batch {batch_id} is not reported: {answer}"
+        reconciled = js.pending is not None and js.pending.reconciled
+        assert reconciled or not answer["committed"], (
+            f"{js.name} batch {batch_id} is not reported: {answer}"
+        )
         assert b % self.interval == 0 and b > 0, f"barrier {b} off grid"
         return answer  # type: ignore[no-any-return]
 
@@ -1070,12 +1183,11 @@ class Simulation:
         """Deliver the job's outbox, oldest first: its offline claims, then its reports."""
         while js.claims:
             p = js.claims[0]
-            answer = self.call(
-                "POST",
-                f"/jobs/{js.name}/batches/{p.batch_id}/barrier",
-                {200},
-                json={"barrier": p.barrier, "query_id": js.query},
-            ).json()
+            path = f"/jobs/{js.name}/batches/{p.batch_id}/barrier"
+            claim = {"barrier": p.barrier, "query_id": js.query}
+            if p.reclaim and self._reclaim_refused(js, p, self.edit("POST", path, 200, json=claim)):
+                continue
+            answer = self.call("POST", path, {200}, json=claim).json()
             assert answer["barrier"] == p.barrier, (answer, p.barrier)
             self.stats["offline claim delivered"] += 1
             if p.barrier > self.now_slot():
@@ -1098,12 +1210,25 @@ class Simulation:
                     "POST", "/commits/batch", {200}, json={"commits": [report, report]}
                 ).json()
                 statuses = [r["status"] for r in body["results"]]
+                if p.reconciled:
+                    statuses[0] = "recorded"  # recorded by `reconcile` already
                 assert statuses == ["recorded", "duplicate"], body
-                assert (body["recorded"], body["duplicates"]) == (1, 1), body
-                assert all(r["batch_committed"] == last for r in body["results"]), body
+                if not p.reconciled:
+                    assert (body["recorded"], body["duplicates"]) == (1, 1), body
+                    assert all(r["batch_committed"] == last for r in body["results"]), body
             else:
-                body = self.call("POST", "/commits", {200}, json=report).json()
-                assert body["status"] == "recorded" and body["batch_committed"] == last, body
+                r = self.call("POST", "/commits", {200, 409}, json=report)
+                assert r.status_code == 200, (
+                    f"G4: the offline replay of abandoned batch {p.batch_id} of {js.name} was "
+                    f"accepted as a claim at {p.barrier}, then its commit refused: {r.text}"
+                    if p.reclaim
+                    else f"POST /commits {report} -> {r.status_code} {r.text}"
+                )
+                body = r.json()
+                if p.reconciled:
+                    assert body["status"] in {"recorded", "duplicate"}, body
+                else:
+                    assert body["status"] == "recorded" and body["batch_committed"] == last, body
         if p.snapshot is not None:
             p.snapshot.reported = True
         snapshot_id = p.snapshot.snapshot_id if p.snapshot is not None else None
@@ -1410,6 +1535,7 @@ class Simulation:
         self.last_frontier.pop(jd.output, None)
         self.complete.pop(jd.output, None)
         self.last_version = {k: v for k, v in self.last_version.items() if jd.output not in k}
+        self.forget_answers(jd.output)
         self.stats["writer replaced"] += 1
         self.log(f"replaced {js.name} by {name} as the writer of {jd.output}")
         return "replaced"
@@ -1440,19 +1566,74 @@ class Simulation:
         self.log(f"abandoned {js.name} batch {p.batch_id} at {p.barrier} (written={p.written})")
         return "abandoned"
 
+    def _zombie_reports(self, jd: JobDef, js: JobState, p: Pending) -> None:
+        """The dead driver's commit of an abandoned batch reports late: refused (the
+        operator then rolls the orphan snapshot back)."""
+        if not p.written:
+            return
+        for report in self._reports_of(js, p):
+            # (an output dropped since the batch opened is no longer the job's)
+            codes = {"batch_abandoned"} if report["table"] in js.outputs else {"not_writer"}
+            self.refused("POST", "/commits", 409, codes, json=report)
+        if p.snapshot is not None:
+            self.tables[jd.output].roll_back(p.snapshot)
+        p.written, p.snapshot = False, None
+        self.stats["late report of an abandoned batch refused"] += 1
+
+    def _reclaim_abandoned(self, jd: JobDef, js: JobState, p: Pending) -> str:
+        """The restarted driver of an abandoned batch cannot reach the service: holding
+        a grant, it gives the batch a barrier of its own, commits it, and claims it when
+        the service is back. The claim is either refused (the driver then replays the
+        batch online) or accepted, and then so is its commit."""
+        assert js.floor is not None
+        self._zombie_reports(jd, js, p)
+        b = max(js.floor, self.now_slot(), p.barrier)
+        js.floor = b
+        q = Pending(
+            p.batch_id,
+            b,
+            {"offline": True},
+            self._ingest(jd, max(1, len(p.delta)), b),
+            tuple(js.outputs),
+        )
+        q.claimed, q.known, q.reclaim = True, False, True
+        js.pending = q
+        js.claims.append(q)
+        self.log(f"offline replay of abandoned {js.name} batch {p.batch_id} -> barrier {b}")
+        result = self._finish(jd, js, q, "report_later", False)
+        self.flush(js)  # the service is back
+        return result
+
+    def _reclaim_refused(self, js: JobState, p: Pending, r: Any) -> bool:
+        """The claim of an abandoned batch's offline replay: refused (True), the driver
+        drops its commit and replays the batch online; accepted, its barrier must lie
+        past everything readers took as complete."""
+        jd = self.topo.job(js.logical)
+        if r.status_code == 200:
+            for t in p.outputs:
+                seen = self.complete.get(t, 0)
+                assert p.barrier > seen, (
+                    f"the offline claim of abandoned batch {p.batch_id} of {js.name} at "
+                    f"{p.barrier} was accepted, but readers took {t} as complete at {seen}"
+                )
+            self.stats["offline replay of an abandoned batch accepted"] += 1
+            return False
+        js.claims.pop(0)
+        js.outbox.remove(p)
+        if p.snapshot is not None:
+            self.tables[jd.output].roll_back(p.snapshot)
+        self._forget_rows(jd, p.delta)
+        js.pending = Pending(p.batch_id, p.barrier, {}, p.delta, p.outputs, abandoned=True)
+        js.next_batch = p.batch_id
+        self.stats["offline replay of an abandoned batch refused"] += 1
+        return True
+
     def _replay_abandoned(
         self, jd: JobDef, js: JobState, p: Pending, fail: str, batched: bool
     ) -> str:
         """The restarted driver of an abandoned batch: a commit the dead driver made is
         reported late (refused) and rolled back; the replay gets a new barrier."""
-        if p.written:
-            for report in self._reports_of(js, p):
-                # (an output dropped since the batch opened is no longer the job's)
-                codes = {"batch_abandoned"} if report["table"] in js.outputs else {"not_writer"}
-                self.refused("POST", "/commits", 409, codes, json=report)
-            if p.snapshot is not None:
-                self.tables[jd.output].roll_back(p.snapshot)
-            self.stats["late report of an abandoned batch refused"] += 1
+        self._zombie_reports(jd, js, p)
         answer = self._ask(js, p.batch_id, {"query_id": js.query})
         b = answer["barrier"]
         seen = self.complete.get(jd.output, 0)
@@ -1468,6 +1649,197 @@ class Simulation:
         self.log(f"replay of abandoned {js.name} batch {p.batch_id}: barrier {b}")
         return self._finish(jd, js, q, fail, batched)
 
+    # ------------------------------------------------------------------ state changes
+
+    def edit(self, method: str, path: str, ok: int, **kwargs: Any) -> Any:
+        """A state change the service may refuse (409): then it must change nothing."""
+        before = self.snapshot_state() if G3 in self.checks else None
+        r = self.call(method, path, {ok, 409}, **kwargs)
+        if r.status_code == 409:
+            if before is not None:
+                after = self.snapshot_state()
+                assert after == before, (
+                    f"refused {method} {path} {kwargs} ({r.text}) changed {after}"
+                )
+                self.stats["refused state change changed nothing"] += 1
+            self.log(f"{method} {path}: refused {r.json()}")
+        return r
+
+    def _add_table(self, table: str) -> None:
+        self.tables.setdefault(table, TableState(table))
+
+    def late_output(self, job: str, done: bool = False) -> str:
+        """An output added after a batch opened; a report of that batch for it is refused."""
+        jd, js = self.topo.job(job), self.jobs[job]
+        extra = f"{jd.output}_x"
+        if extra in js.outputs or any(extra in o.outputs for _, o in self.live()):
+            return "has it"
+        p: Pending | Done | None
+        if done:
+            p = js.done[-1] if js.done else None
+        else:
+            p = js.pending if js.pending is not None and js.pending.known else None
+            if p is not None and p.abandoned:
+                p = None
+        if p is None:
+            return "no batch"
+        self._add_table(extra)
+        self.call(
+            "PUT",
+            f"/jobs/{js.name}",
+            {200},
+            json=self.spec(jd, js) | {"outputs": [*js.outputs, extra]},
+        )
+        js.outputs.append(extra)
+        late = _report(js.name, p.batch_id, p.barrier, extra, next(self._snapshot_ids))
+        r = self.call("POST", "/commits", {200, 409}, json=late)
+        assert r.status_code == 409, (
+            f"a report of {js.name}'s batch {p.batch_id} (at {p.barrier}), opened before "
+            f"{extra} was added to its outputs, was recorded for {extra}: {r.text}"
+        )
+        self.stats["late report for an added output refused"] += 1
+        self.log(f"{extra} added to {js.name}; batch {p.batch_id}'s report for it refused")
+        return "refused"
+
+    def move_output(self, job: str) -> str:
+        """The job's added output moves to the next job of the topology."""
+        jd, js = self.topo.job(job), self.jobs[job]
+        extra = f"{jd.output}_x"
+        if extra not in js.outputs:
+            if any(extra in o.outputs for _, o in self.live()):
+                return "elsewhere"
+            self._add_table(extra)
+            self.call(
+                "PUT",
+                f"/jobs/{js.name}",
+                {200},
+                json={**self.spec(jd, js), "outputs": [*js.outputs, extra]},
+            )
+            js.outputs.append(extra)
+        names = [j.name for j in self.topo.jobs]
+        to_jd = self.topo.jobs[(names.index(jd.name) + 1) % len(names)]
+        to = self.jobs[to_jd.name]
+        if to is js:
+            return "no other job"
+        held = self.call("GET", f"/tables/{extra}", {200}).json()["frontier"] or 0
+        smaller = [o for o in js.outputs if o != extra]
+        r = self.edit(
+            "PUT", f"/jobs/{js.name}", 200, json={**self.spec(jd, js), "outputs": smaller}
+        )
+        if r.status_code == 409:
+            return "removal refused"
+        js.outputs.remove(extra)
+        bigger = [*to.outputs, extra]
+        r = self.edit(
+            "PUT", f"/jobs/{to.name}", 200, json={**self.spec(to_jd, to), "outputs": bigger}
+        )
+        if r.status_code == 409:
+            return "adding refused"
+        to.outputs.append(extra)
+        now = self.call("GET", f"/tables/{extra}", {200}).json()["frontier"] or 0
+        assert now >= held, (
+            f"{extra} moved from {js.name} to {to.name}: its frontier went back from {held} "
+            f"to {now} (a move keeps the table's history and frontier)"
+        )
+        self.stats["output moved to another job"] += 1
+        self.log(f"{extra} moved from {js.name} to {to.name}")
+        return "moved"
+
+    def change_inputs(self, job: str, change: str = "add_input") -> str:
+        """A derived job that never committed gets other inputs, after its sources planned."""
+        jd, js = self.topo.job(job), self.jobs[job]
+        if jd.is_source or js.ran or js.offset or js.pending is not None or js.planned:
+            return "has run"
+        if any(self.jobs[r.name].ran for r in self.topo.readers(jd.output)):
+            return "read already"  # its readers' oracles would change under them
+        inputs = self._identity_change(jd, change)
+        if inputs is None:
+            return "no such change"
+        self.peek(job, len(jd.inputs))  # its sources fixed an end for the old inputs
+        r = self.edit("PUT", f"/jobs/{js.name}", 200, json={**self.spec(jd, js), "inputs": inputs})
+        if r.status_code == 409:
+            assert r.json()["code"] == "job_identity_changed", r.text
+            return "refused"
+        new = JobDef(jd.name, jd.output, tuple(inputs))
+        self.topo = Topology(tuple(new if j is jd else j for j in self.topo.jobs))
+        js.asked = {}  # the query restarts on its new sources
+        # "The MetaService chooses the job's next target b <= min frontier(inputs)": of
+        # its inputs now, not the plan its old inputs had.
+        items = self.call("GET", "/tables", {200}, params={"limit": 1000}).json()["items"]
+        least = min((t["frontier"] or 0) for t in items if t["name"] in inputs)
+        for source in inputs:
+            nb = self.call(
+                "GET",
+                f"/jobs/{js.name}/next-barrier",
+                {200},
+                params={"after": js.offset, "source": source},
+            ).json()
+            assert nb["barrier"] <= max(least, js.offset), (
+                f"G1: {js.name}'s inputs changed to {inputs} (least frontier {least}); its "
+                f"source {source}'s next batch after {js.offset} ends at {nb['barrier']}, the "
+                "plan made for its old inputs"
+            )
+        self.stats["inputs of a job that never committed changed"] += 1
+        self.log(f"{js.name}'s inputs are now {inputs}")
+        return "changed"
+
+    def rejoin(self, job: str, rename: bool = False) -> str:
+        """A source job deleted and registered again; its table keeps its history."""
+        jd, js = self.topo.job(job), self.jobs[job]
+        if not jd.is_source:
+            return "not a source job"
+        if self.topo.readers(jd.output):
+            self.refused("DELETE", f"/jobs/{js.name}", 409, {"has_readers"})
+            return "refused: has readers"
+        self.release_grant(job)
+        self.flush(js)
+        if js.pending is not None or js.outbox or js.claims:
+            return "batch open"
+        r = self.edit("DELETE", f"/jobs/{js.name}", 204)
+        if r.status_code == 409:
+            return "refused"
+        name = f"{jd.name}.r{next(self._incarnations)}" if rename else js.name
+        self.call("PUT", f"/jobs/{name}", {200, 201}, json=self.spec(jd, js))
+        self.history = [h for h in self.history if h["job"] != js.name]
+        fresh = JobState(jd.name, name, f"q-{name}-{next(self._incarnations)}", list(js.outputs))
+        self.jobs[jd.name] = fresh
+        self.stats["source job deleted and registered again"] += 1
+        self.log(f"{js.name} deleted and registered again as {name}")
+        return "rejoined"
+
+    def reconcile(self) -> str:
+        """``metaservice reconcile`` over every table's stamped snapshots."""
+        if self._reconcile is None:
+            return "no reconcile"
+        stamps = {
+            t: [
+                {
+                    "snapshot_id": s.snapshot_id,
+                    "barrier": s.barrier,
+                    "job": s.job,
+                    "batch_id": s.batch_id,
+                }
+                for s in ts.snapshots
+            ]
+            for t, ts in self.tables.items()
+            if ts.snapshots
+        }
+        report = self._reconcile(stamps)
+        self.log(f"reconcile: {report}")
+        # What it may record: every commit a live driver made and has not reported.
+        for _, js in self.live():
+            for p in [*js.outbox, *([js.pending] if js.pending is not None else [])]:
+                if p.written and p.known and not p.abandoned and p.snapshot is not None:
+                    p.snapshot.reported = True
+                    p.reconciled = True
+        self.stats["reconciled"] += 1
+        return "reconciled"
+
+    def retention(self, table: str, keep_last: int = 2) -> str:
+        self.call("PUT", f"/tables/{table}/retention", {200}, json={"keep_last": keep_last})
+        self.keep_last[table] = keep_last
+        return "retention set"
+
     # ------------------------------------------------------------------ G1, G2
 
     def oracle(self, table: str, barrier: int, _memo: dict | None = None) -> Counter:
@@ -1475,6 +1847,8 @@ class Simulation:
         memo = {} if _memo is None else _memo
         if table in memo:
             return memo[table]  # type: ignore[no-any-return]
+        if table not in self.topo.tables:
+            return Counter()  # an added output: its batches only ever commit nothing
         job = self.topo.writer(table)
         if job.is_source:
             out = Counter(r for r in self.source_rows[table] if r[2] <= barrier)
@@ -1517,6 +1891,8 @@ class Simulation:
     ) -> tuple[int, int] | None:
         """(M, P): the barrier the consistent version of ``tables`` must reach by the
         bound of ``frontiers.aligned_target`` (see :func:`g2_bound`), or None."""
+        if any(t not in self.topo.tables for t in tables):
+            return None  # an added output's frontier is not tracked
         least = min(fronts[self.topo.writer(t).name] for t in tables)
         if at_or_before is not None:
             least = min(least, at_or_before - at_or_before % self.interval)
@@ -1548,9 +1924,15 @@ class Simulation:
             r = self.call("POST", "/leases", {201, 409}, json=body)
         else:
             r = self.call("GET", "/versions/consistent", {200, 409}, params=params)
+        key = tuple(sorted(tables))
         if r.status_code == 409:
             code = r.json()["code"]
             assert code in {"no_consistent_version", "expired"}, r.text
+            if at_or_before is not None and (key, at_or_before) in self.memo:
+                assert code == "expired", (
+                    f"a consistent version of {key} at or before {at_or_before} was answered "
+                    f"{self.memo[key, at_or_before]}, now it is refused: {r.text}"
+                )
             if code == "expired":
                 self.stats["version refused: expired"] += 1
             else:
@@ -1573,6 +1955,7 @@ class Simulation:
         if G1 in self.checks:
             self.check_exact(v["snapshots"], b, f"consistent version {params} = {v}")
             self.stats["G1 versions checked"] += 1
+        self._remember(key, at_or_before, b, v["snapshots"])
         if G2 in self.checks:
             if bound is not None:
                 assert b >= bound[0], (
@@ -1584,7 +1967,6 @@ class Simulation:
                 self.stats["G2 bound checked"] += 1
                 if bound[1] > 1:
                     self.stats["G2 bound checked with batches over one slot"] += 1
-            key = tuple(sorted(tables))
             if at_or_before is None:
                 assert b >= self.last_version.get(key, 0), (
                     f"G2: the consistent version of {key} went back from "
@@ -1594,7 +1976,7 @@ class Simulation:
         for t, s in v["snapshots"].items():
             self.complete[t] = max(self.complete.get(t, 0), b)
             if G5 in self.checks:
-                assert s not in self.reserved[t], (
+                assert s not in self.reserved.get(t, ()), (
                     f"G5: version {v} names snapshot {s} of {t}, reserved for expiry"
                 )
         if lease_seconds is not None:
@@ -1604,11 +1986,59 @@ class Simulation:
             )
         return v  # type: ignore[no-any-return]
 
+    def _remember(
+        self, key: tuple[str, ...], at_or_before: int | None, b: int, snapshots: dict
+    ) -> None:
+        """Record an answer: for at_or_before, and for its own barrier (the latest
+        consistent version at or before a consistent barrier is that barrier's)."""
+        answer = (b, dict(snapshots))
+        for at in {b, b if at_or_before is None else at_or_before}:
+            given = self.memo.setdefault((key, at), answer)
+            assert given == answer, (
+                f"a consistent version changed: {key} at or before {at} was answered "
+                f"{given}, now {answer}"
+            )
+
+    def forget_answers(self, table: str) -> None:
+        """The table is written afresh (its writer replaced): earlier answers go."""
+        self.memo = {k: v for k, v in self.memo.items() if table not in k[0]}
+
+    def check_memo(self, every: bool = True, after: str = "") -> None:
+        """Ask again for answers already given (all, or the next few in turn): each
+        must be answered unchanged, unless a snapshot it names was expired since."""
+        entries = sorted(self.memo.items())
+        if not entries:
+            return
+        if not every:
+            start = self._memo_turn % len(entries)
+            entries = (entries[start:] + entries[:start])[:3]
+            self._memo_turn = start + 3
+        written = {t for _, js in self.live() for t in js.outputs}
+        for (key, at), (b, snapshots) in entries:
+            if not set(key) <= written:
+                continue  # an output removed from every job since: nobody writes it
+            r = self.call(
+                "GET",
+                "/versions/consistent",
+                {200, 409},
+                params={"tables": ",".join(key), "at_or_before": at},
+            )
+            got = r.json()
+            if r.status_code == 409 and got.get("code") == "expired":
+                continue
+            now = (got.get("barrier"), got.get("snapshots")) if r.status_code == 200 else got
+            assert now == (b, snapshots), (
+                f"every state change keeps every answer: the consistent version of {key} at "
+                f"or before {at} was answered {(b, snapshots)}, and after {after or 'a step'} "
+                f"it is {now}"
+            )
+            self.stats["memo answers checked again"] += 1
+
     def frontiers(self) -> dict[str, int]:
         """Every table's frontier (GET /tables). For G1: each table contains, at its
         frontier, exactly the source data up to it; frontiers never go back."""
         items = self.call("GET", "/tables", {200}, params={"limit": 1000}).json()["items"]
-        fronts = {t["name"]: t["frontier"] for t in items if t["name"] in self.tables}
+        fronts = {t["name"]: t["frontier"] for t in items if t["name"] in self.topo.tables}
         assert set(fronts) == set(self.topo.tables), fronts
         for t, f in fronts.items():
             jd = self.topo.writer(t)
@@ -1655,6 +2085,9 @@ class Simulation:
         if not reported:
             return reasons
         reasons.setdefault(reported[-1].snapshot_id, []).append("current")
+        keep = self.keep_last.get(table, 0)
+        for snapshot in reported[len(reported) - keep :] if keep else []:
+            reasons.setdefault(snapshot.snapshot_id, []).append(f"retention keep_last {keep}")
         for lease in self.leases.values():
             snapshot = lease.snapshots.get(table)
             if lease.expires_ms > self.now() and snapshot is not None and ts.has(snapshot):
@@ -1854,6 +2287,27 @@ def step_strategy(topology: Topology, kind: str) -> st.SearchStrategy[Step]:
         return st.builds(Abandon, sources, st.booleans())
     if kind == "reset_query":
         return st.builds(ResetQuery, jobs)
+    if kind == "late_output":
+        return st.builds(LateOutput, jobs, st.booleans())
+    if kind == "move_output":
+        return st.builds(MoveOutput, jobs)
+    if kind == "change_inputs":
+        return st.builds(ChangeInputs, derived, st.sampled_from(["add_input", "drop_input"]))
+    if kind == "rejoin":
+        return st.builds(Rejoin, sources, st.booleans())
+    if kind == "reconcile":
+        return st.just(Reconcile())
+    if kind == "retention":
+        return st.builds(Retention, tables, st.integers(1, 3))
+    if kind == "reclaim":  # a source batch (an abandoned one's replay) claimed offline
+        return st.builds(Run, sources, fail=st.just("offline"), ahead_ms=st.just(INTERVAL_MS))
+    if kind == "version_x":  # a table with another job's added output
+        return st.builds(
+            lambda t, u, back: Version(tuple(sorted({t, f"{u}_x"})), back),
+            tables,
+            tables,
+            st.none() | st.integers(0, 6000),
+        )
     raise ValueError(kind)
 
 
