@@ -14,6 +14,12 @@ and reports in again only once every claim has been delivered
 (``POST .../batches/{batch_id}/barrier`` with ``{"barrier": b}``). A claim below the
 floor, off the grid, far in the future or behind an earlier batch is refused.
 
+A claim for a batch an operator abandoned is the batch run again by its driver: at a
+new barrier (the claim's checks all pass) the batch is replayed there, as a replay
+asking for its barrier online would be, so what the driver committed is recorded; at
+the barrier it was abandoned at, which readers have taken as complete, the claim is
+refused (409 ``batch_abandoned``), as the batch's commit there is.
+
 Releasing the grant (``DELETE``, a clean shutdown of the job) lets the frontier
 follow the clock again. A job that dies while holding one holds its tables' frontier
 until it comes back or an operator releases the grant.
@@ -33,6 +39,7 @@ from metaservice.barriers.service import (
     batch_view,
     check_query_of,
     lock_job_named,
+    reopen_abandoned,
 )
 from metaservice.context import Context
 from metaservice.contract import on_grid, slot_of
@@ -159,6 +166,15 @@ def _claim_one(
     opened: list[Batch],
 ) -> Batch:
     if batch is not None and batch.barrier == item.barrier:
+        if batch.abandoned:
+            raise Conflict(
+                f"batch {item.batch_id} of job '{job.name}' was abandoned by an operator at "
+                f"barrier {item.barrier}, and readers have moved past it: the claim, and the "
+                "batch's commit there, are not recorded. Nothing to retry; a replay of the "
+                "batch gets a new barrier",
+                field="barrier",
+                code="batch_abandoned",
+            )
         return batch  # delivered before
     _check_claim(ctx, job, item.barrier)
     if newest is not None and newest.batch_id > item.batch_id:
@@ -197,6 +213,12 @@ def _claim_one(
     if earlier:
         previous = max([*earlier, *([previous] if previous else [])], key=lambda b: b.batch_id)
     _check_not_behind(job, previous, item)
+    if batch.abandoned:
+        # Run offline by its restarted driver (or one that was only cut off): replayed at
+        # the claimed barrier, past the frontier, as a replay asking for its barrier would
+        # be, so that what the driver committed there is not lost.
+        reopen_abandoned(session, ctx, job, batch, item.barrier)
+        return batch
     log.info(
         "job %s batch %d: claimed barrier %d replaces %d",
         job.name, item.batch_id, item.barrier, batch.barrier,

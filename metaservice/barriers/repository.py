@@ -638,6 +638,37 @@ def batch_and_newest(
     return batch, max(spark, key=lambda b: b.batch_id, default=None)
 
 
+def next_batch_id(session: Session, job_id: int) -> int | None:
+    """The lowest id the job's next Spark batch can have: one past its newest (a batch
+    id never goes back); None for a job that never had one."""
+    newest = session.execute(
+        select(func.max(Batch.batch_id)).where(Batch.job_id == job_id, _SPARK)
+    ).scalar_one()
+    return None if newest is None else int(newest) + 1
+
+
+def count_outputs_of_batch(session: Session, job_id: int, batch_id: int) -> int:
+    """How many of the job's outputs its batch ``batch_id`` reports: those the job
+    wrote when the batch was opened (``Table.writer_first_batch`` at or below it)."""
+    return session.execute(
+        select(func.count())
+        .select_from(Table)
+        .where(
+            Table.writer_id == job_id,
+            or_(Table.writer_first_batch.is_(None), Table.writer_first_batch <= batch_id),
+        )
+    ).scalar_one()
+
+
+def open_batches(session: Session, job_id: int) -> list[Batch]:
+    """The job's open batches (neither committed nor abandoned), by batch id."""
+    return list(
+        session.execute(
+            select(Batch).where(Batch.job_id == job_id, _OPEN).order_by(Batch.batch_id)
+        ).scalars()
+    )
+
+
 def has_batches(session: Session, job_id: int) -> bool:
     """Whether the job ever had a batch (Spark's, or an advance of the MetaService's)."""
     return (

@@ -219,14 +219,32 @@ def _reopen_abandoned(
     session: Session, ctx: Context, job: Job, batch: Batch, newest: Batch | None
 ) -> None:
     """A source driver replays a batch an operator abandoned: it gets a new barrier, past
-    every slot readers took as complete meanwhile, and holds the frontier again."""
+    every slot readers took as complete meanwhile (see :func:`reopen_abandoned`)."""
     if job.kind != SOURCE:
         raise Conflict(
             f"batch {batch.batch_id} of job '{job.name}' was abandoned",
             field="batch_id",
             code="batch_abandoned",
         )
-    barrier = _next_source_barrier(session, ctx, job, newest)
+    reopen_abandoned(session, ctx, job, batch, _next_source_barrier(session, ctx, job, newest))
+
+
+def reopen_abandoned(session: Session, ctx: Context, job: Job, batch: Batch, barrier: int) -> None:
+    """The abandoned batch runs again at ``barrier`` (a replay asking for its barrier, or
+    an offline claim): it holds the frontier again and reports the outputs it was opened
+    with. The abandon stays final for the barrier the batch held, at or below what readers
+    took as complete: nothing is ever recorded there (:func:`fence`); 409
+    ``batch_abandoned`` when ``barrier`` is not above the job's frontier."""
+    if barrier <= job.frontier:
+        raise Conflict(
+            f"batch {batch.batch_id} of job '{job.name}' was abandoned at barrier "
+            f"{batch.barrier}, and barrier {barrier} is not past the job's frontier "
+            f"{job.frontier}: readers took it as complete, so the batch cannot run there. "
+            f"Replay it with a new barrier (POST /api/v1/jobs/{job.name}/batches/"
+            f"{batch.batch_id}/barrier)",
+            field="barrier",
+            code="batch_abandoned",
+        )
     log.info(
         "job %s batch %d was abandoned at barrier %d; replayed at %d",
         job.name, batch.batch_id, batch.barrier, barrier,
@@ -234,7 +252,7 @@ def _reopen_abandoned(
     repo.raise_last_issued(session, min(barrier, ctx.now_slot()))  # see open_source_batch
     batch.barrier = barrier
     batch.abandoned = False
-    batch.outputs = topo.count_outputs(session, job.id)
+    batch.outputs = repo.count_outputs_of_batch(session, job.id, batch.batch_id)
     job.open_batches += 1
     session.flush()
 
@@ -837,7 +855,12 @@ class _ReportScope:
     ) -> None:
         self.session = session
         self.ctx = ctx
-        self.tables = topo.tables_by_names(session, sorted({r.table for r in reports}))
+        named = sorted({r.table for r in reports})
+        self.tables = topo.tables_by_names(session, named)
+        # A revision job's report queued before its swap names the mirror's old name.
+        self.tables.update(
+            revision_repo.swapped_mirrors(session, [n for n in named if n not in self.tables])
+        )
         self.jobs = repo.lock_jobs_by_name(session, [r.job for r in reports])
         self.jobs_by_id = {job.id: job for job in self.jobs.values()}
         first: dict[str, int] = {}  # job -> index of its first report, for the error field
@@ -862,7 +885,7 @@ class _ReportScope:
         for c in of_batches:
             self.commits[(c.job_id, c.batch_id, c.table_id)] = c
             self.counts[(c.job_id, c.batch_id)] = self.counts.get((c.job_id, c.batch_id), 0) + 1
-        self._outputs: dict[int, int] | None = None
+        self._outputs: dict[tuple[int, int], int] = {}  # by (job id, batch id)
         self._newest: int | None = None
         self.added: list[repo.CommitRow] = []
         self.completed: dict[int, list[repo.BatchRow]] = {}  # by job id
@@ -872,12 +895,13 @@ class _ReportScope:
             topo.require_table(self.session, name, field=field)  # raises NotFound
         return self.tables[name]
 
-    def outputs(self, job: Job) -> int:
-        """The job's output count, for batches from before each batch recorded its own."""
-        if self._outputs is None:
-            ids = [j.id for j in self.jobs.values()]
-            self._outputs = topo.count_outputs_of(self.session, ids)
-        return self._outputs[job.id]
+    def outputs(self, job: Job, batch: repo.BatchRow) -> int:
+        """The outputs the batch reports, for batches from before each batch recorded
+        its own count."""
+        key = (job.id, batch.batch_id)
+        if key not in self._outputs:
+            self._outputs[key] = repo.count_outputs_of_batch(self.session, *key)
+        return self._outputs[key]
 
     def newest(self) -> int:
         """The newest barrier handed out (read only when a report's barrier lies ahead)."""
@@ -957,13 +981,6 @@ def _record(scope: _ReportScope, report: CommitReport, prefix: str) -> CommitRes
             field=f"{prefix}batch_id",
             code="unknown_batch",
         )
-    if batch.abandoned:
-        raise Conflict(
-            f"batch {report.batch_id} of job '{job.name}' was abandoned by an operator; "
-            "its commit is not recorded",
-            field=f"{prefix}batch_id",
-            code="batch_abandoned",
-        )
     if batch.barrier != report.barrier:
         raise Conflict(
             f"batch {report.batch_id} of job '{job.name}' has barrier {batch.barrier}, "
@@ -987,17 +1004,79 @@ def _record(scope: _ReportScope, report: CommitReport, prefix: str) -> CommitRes
                 field=f"{prefix}snapshot_id",
                 code="conflicting_report",
             )
+    fence(job, table, batch.batch_id, batch, field_prefix=prefix)
     scope.add(
         repo.CommitRow(
             job.id, report.batch_id, table.id, report.barrier, report.snapshot_id, ctx.now_ms()
         )
     )
-    # A batch completes once; a job that gained an output later must not count it twice.
-    needed = batch.outputs if batch.outputs is not None else scope.outputs(job)
+    # A batch completes once, when the outputs it was opened with are all reported.
+    needed = batch.outputs if batch.outputs is not None else scope.outputs(job, batch)
     complete = scope.counts[(job.id, report.batch_id)] >= needed
     if complete and not batch.committed:
         scope.complete(batch)
     return _result(report, "recorded", batch.committed)
+
+
+def fence(
+    job: Job,
+    table: Table,
+    batch_id: int,
+    batch: Batch | repo.BatchRow | None,
+    *,
+    field_prefix: str = "",
+) -> None:
+    """The one check every path that would record a new commit meets last: a report, its
+    redelivery from an outbox or a zombie driver, and `metaservice reconcile` (``batch``
+    None: a batch the service never heard of). A version already handed out rests on a
+    batch's commits, so they never change once the batch could have been read: 409
+
+    - ``batch_abandoned``: an operator abandoned the batch; the frontier went past its
+      barrier (a replay of the batch runs at a new one, :func:`reopen_abandoned`);
+    - ``output_added_after_batch``: the table became the job's output after the batch
+      was opened, so the batch completes without it (at a barrier the table's frontier
+      then passes); the table is recorded from the job's next batch on;
+    - ``batch_complete``: the batch completed without this table.
+
+    Nothing to retry in any of them: the report is final, and a deliverer drops it.
+    """
+    field = f"{field_prefix}batch_id"
+    if batch is not None and batch.abandoned:
+        raise Conflict(
+            f"batch {batch_id} of job '{job.name}' was abandoned by an operator at barrier "
+            f"{batch.barrier}, and readers have moved past it: its commit is not recorded "
+            f"(a version already handed out would change). Nothing to retry; a replay of the "
+            f"batch asks for a new barrier (POST /api/v1/jobs/{job.name}/batches/{batch_id}"
+            "/barrier)",
+            field=field,
+            code="batch_abandoned",
+        )
+    if not reports_table(table, batch_id):
+        first = table.writer_first_batch
+        raise Conflict(
+            f"table '{table.name}' became an output of job '{job.name}' after its batch "
+            f"{batch_id} was opened: that batch completes without it, so its report for the "
+            f"table is not recorded (a version already handed out would change). Nothing to "
+            f"retry: '{table.name}' is recorded from the job's batch {first} on, whose "
+            "snapshot is the table's whole state, this batch's rows included",
+            field=f"{field_prefix}table",
+            code="output_added_after_batch",
+        )
+    if batch is not None and batch.committed:
+        raise Conflict(
+            f"batch {batch_id} of job '{job.name}' completed without a report for "
+            f"'{table.name}': its commits are final (a version may name them). Nothing to "
+            "retry",
+            field=f"{field_prefix}table",
+            code="batch_complete",
+        )
+
+
+def reports_table(table: Table, batch_id: int) -> bool:
+    """Whether the writer's batch ``batch_id`` was opened with the table among its outputs
+    (it took the table on at ``writer_first_batch``; None: with its first batch)."""
+    first = table.writer_first_batch
+    return first is None or batch_id >= first
 
 
 def _same_commit(existing: repo.CommitRow | None, report: CommitReport) -> bool:
@@ -1010,7 +1089,13 @@ def _same_commit(existing: repo.CommitRow | None, report: CommitReport) -> bool:
 
 def complete_batch(session: Session, ctx: Context, job: Job, batch: Batch) -> None:
     """Mark a batch committed once every output is recorded and move the job's progress
-    (also used by reconciliation, so both paths complete a batch the same way)."""
+    (also used by reconciliation, so both paths complete a batch the same way). Only an
+    open batch completes: a committed or abandoned one was already taken off the job's
+    count, and counting it again would move its frontier wrongly for good."""
+    if batch.committed or batch.abandoned:
+        raise AssertionError(
+            f"batch {batch.batch_id} of job '{job.name}' is not open: it cannot complete"
+        )
     drop = mark_complete(ctx, job, batch)
     if drop is not None:
         repo.drop_plans_upto(session, job.id, drop)

@@ -32,7 +32,8 @@ class StampIssue(BaseModel):
     snapshot_id: int
     code: str = Field(
         description="conflicting_report, barrier_mismatch, snapshot_recorded_elsewhere, "
-        "barrier_from_future (conflicts) or not_writer (skipped)"
+        "barrier_from_future, batch_complete (conflicts); not_writer, batch_abandoned, "
+        "output_added_after_batch (skipped)"
     )
     message: str
 
@@ -50,7 +51,10 @@ class TableReconciliation(BaseModel):
     )
     conflicts: list[StampIssue] = Field(default_factory=list)
     skipped: list[StampIssue] = Field(
-        default_factory=list, description="Stamps of a job that does not write the table"
+        default_factory=list,
+        description="Stamps of a job that does not write the table, of a batch an operator "
+        "abandoned, or of a batch opened before the table became its job's output: never "
+        "recorded, as their commit reports would not be",
     )
     note: str | None = Field(None, description="Why the table was not (fully) reconciled")
     error: str | None = Field(None, description="The table could not be read")

@@ -13,7 +13,12 @@ commit the database is missing, the way a commit report would have:
   they do for reports;
 - an open batch of a job that a later stamped batch of the same job proves
   finished (Spark runs a query's batches one after the other) is completed,
-  with an empty commit for each output table where it left no snapshot;
+  with an empty commit for each output table it was opened with where it left
+  no snapshot;
+- a stamp the commit reports would be refused for is skipped the same way
+  (:func:`metaservice.barriers.service.fence`): one of a batch an operator
+  abandoned (the late commit the abandon fenced off), or one for a table that
+  became the job's output after the batch was opened;
 - a source job is sealed at least at every barrier a derived job reading it was
   found to have committed (that job read the source as complete up to there),
   and the barrier clock is raised to every accepted barrier, so barriers never
@@ -34,8 +39,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from metaservice.barriers import repository as repo
-from metaservice.barriers.service import complete_batch
+from metaservice.barriers.service import complete_batch, fence, reports_table
 from metaservice.context import Context
+from metaservice.errors import Conflict
 from metaservice.models import SOURCE, Batch, Commit, Job, Table
 from metaservice.reconcile.schemas import (
     ReconcileReport,
@@ -77,9 +83,10 @@ def reconcile(
 class _TableIndex:
     """The commits already recorded for one table."""
 
-    # (job id, batch id) -> (snapshot, barrier), and snapshot -> (job id, batch id)
-    by_batch: dict[tuple[int, int], tuple[int | None, int]]
-    by_snapshot: dict[int, tuple[int, int]]
+    # (job id, batch id) -> (snapshot, barrier), and snapshot -> (job id, batch id); the
+    # job id is None for a commit of a job since deleted (the table keeps it)
+    by_batch: dict[tuple[int | None, int], tuple[int | None, int]]
+    by_snapshot: dict[int, tuple[int | None, int]]
 
     @classmethod
     def load(cls, session: Session, table_id: int) -> _TableIndex:
@@ -93,7 +100,7 @@ class _TableIndex:
             index.add(job_id, batch_id, snapshot_id, barrier)
         return index
 
-    def add(self, job_id: int, batch_id: int, snapshot_id: int | None, barrier: int) -> None:
+    def add(self, job_id: int | None, batch_id: int, snapshot_id: int | None, barrier: int) -> None:
         self.by_batch[(job_id, batch_id)] = (snapshot_id, barrier)
         if snapshot_id is not None:
             self.by_snapshot[snapshot_id] = (job_id, batch_id)
@@ -180,17 +187,15 @@ class _Reconciliation:
         outputs = topo.output_tables(session, job.id)
         # Finished-but-open batches can only be closed when every output's stamps are known.
         outputs_read = all(t.name in self.stamps for t in outputs)
-        open_batches = list(
-            session.execute(
-                select(Batch)
-                .where(Batch.job_id == job.id, Batch.committed.is_(False))
-                .order_by(Batch.batch_id)
-            ).scalars()
-        )
+        # Abandoned batches are not open: the abandon already took them off the job's count.
+        open_batches = repo.open_batches(session, job.id)
         for item in sorted(items, key=lambda w: (w.stamp.batch_id, w.order)):
             table, stamp = item.table, item.stamp
             report = self.reports[table.name]
             verdict = self._judge(job, table, stamp)
+            if isinstance(verdict, _Fenced):
+                report.skipped.append(verdict.issue)
+                continue
             if isinstance(verdict, StampIssue):
                 report.conflicts.append(verdict)
                 continue
@@ -204,7 +209,7 @@ class _Reconciliation:
                 report.already_present += 1
                 continue
             batch = verdict.batch or self._new_batch(job, stamp)
-            self._add(job, table, batch, stamp, len(outputs))
+            self._add(job, table, batch, stamp)
             if job.kind != SOURCE:
                 self.consumed[job.id] = max(self.consumed.get(job.id, 0), stamp.barrier)
             if not batch.committed and batch not in open_batches:
@@ -221,7 +226,9 @@ class _Reconciliation:
                 if source is not None and source.kind == SOURCE and source.frontier < barrier:
                     source.frontier = barrier
 
-    def _judge(self, job: Job, table: Table, stamp: Stamp) -> _Add | _Present | StampIssue:
+    def _judge(
+        self, job: Job, table: Table, stamp: Stamp
+    ) -> _Add | _Present | _Fenced | StampIssue:
         index = self._index(table)
         recorded = index.by_batch.get((job.id, stamp.batch_id))
         if recorded is not None:
@@ -250,6 +257,13 @@ class _Reconciliation:
                 f"barrier {stamp.barrier} is in the future: the barrier clock is at {self.newest}",
             )
         batch = repo.get_batch(self.session, job.id, stamp.batch_id)
+        try:
+            fence(job, table, stamp.batch_id, batch)
+        except Conflict as refused:
+            issue = _issue(stamp, refused.code, refused.message)
+            # A batch that completed without the table is a contradiction; the others
+            # are what the fence is for.
+            return issue if refused.code == "batch_complete" else _Fenced(issue)
         if batch is not None and batch.barrier != stamp.barrier:
             return _issue(
                 stamp,
@@ -270,6 +284,7 @@ class _Reconciliation:
             barrier=stamp.barrier,
             committed=False,
             created_ms=self.ctx.now_ms(),
+            outputs=repo.count_outputs_of_batch(self.session, job.id, stamp.batch_id),
         )
         if job.kind == SOURCE:
             job.open_batches += 1
@@ -279,9 +294,12 @@ class _Reconciliation:
         self.session.flush()
         return batch
 
-    def _add(self, job: Job, table: Table, batch: Batch, stamp: Stamp, outputs: int) -> None:
+    def _add(self, job: Job, table: Table, batch: Batch, stamp: Stamp) -> None:
         self._record(job, table, batch, stamp.snapshot_id)
         self.reports[table.name].added.append(_recorded(job, batch, stamp.snapshot_id))
+        outputs = batch.outputs
+        if outputs is None:  # a batch from before batches recorded their output count
+            outputs = repo.count_outputs_of_batch(self.session, job.id, batch.batch_id)
         if not batch.committed and (
             repo.count_batch_commits(self.session, job.id, batch.batch_id) >= outputs
         ):
@@ -289,8 +307,10 @@ class _Reconciliation:
 
     def _close_empty(self, job: Job, outputs: list[Table], batch: Batch) -> None:
         """A later batch of the job is committed, so this one finished: where it left no
-        snapshot, it committed nothing."""
+        snapshot among the outputs it was opened with, it committed nothing."""
         for table in outputs:
+            if not reports_table(table, batch.batch_id):
+                continue
             if (job.id, batch.batch_id) not in self._index(table).by_batch:
                 self._record(job, table, batch, None)
                 self.reports[table.name].closed_empty.append(_recorded(job, batch, None))
@@ -318,6 +338,13 @@ class _Add:
 
 class _Present:
     """The stamp's commit is recorded already."""
+
+
+@dataclass
+class _Fenced:
+    """The stamp's commit is one the fence keeps out (skipped, not a conflict)."""
+
+    issue: StampIssue
 
 
 _PRESENT = _Present()

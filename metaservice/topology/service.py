@@ -17,6 +17,7 @@ from metaservice.errors import Conflict, Invalid, NotFound
 from metaservice.logstore.client import LogApiError, LogClient, LogUnavailable
 from metaservice.models import DERIVED, SOURCE, Commit, Job, JobInput, Table
 from metaservice.names import check_job_name, check_table_name
+from metaservice.revisions import repository as revision_repo
 from metaservice.schemas_common import Page
 from metaservice.topology import repository as repo
 from metaservice.topology.graph import job_node, table_node, topology_version
@@ -52,17 +53,28 @@ def put_job(session: Session, ctx: Context, name: str, spec: JobSpec) -> tuple[J
             code="cycle",
         )
     existing = repo.job_by_name(session, name)
+    current_inputs: list[str] = []
     if existing is not None:
         barrier_repo.lock_job(session, existing.id)
-        _check_identity(session, existing, inputs, outputs)
+        current_inputs = _check_identity(session, existing, inputs, outputs)
     repo.bump_topology_version(session)  # serialises topology changes from here on
     _check_writers(session, name, outputs)
     _check_acyclic(session, ctx, name, inputs, outputs)
+    _check_revisions(session, existing, inputs, outputs)
+    kind = DERIVED if inputs else SOURCE  # unchanged for a job that has run
+    floor = _check_takeover(session, existing, name, kind, outputs)
     job = existing or _create_job(session, ctx, name)
+    if existing is not None and (kind != job.kind or set(inputs) != set(current_inputs)):
+        # A job that never ran (_check_identity): its plans were made for the old
+        # inputs, and would end its first batch where those inputs allowed.
+        repo.drop_plans(session, job.id)
+        job.pending_target = None
     job.description = spec.description
-    job.kind = DERIVED if inputs else SOURCE  # unchanged for a job that has run
     job.updated_ms = ctx.now_ms()
-    _set_edges(session, ctx, job, inputs, outputs)
+    _set_edges(session, ctx, job, inputs, outputs)  # hands released outputs over as of old
+    job.kind = kind
+    if floor is not None:
+        _take_over(session, job, floor)
     session.flush()
     return job_view(session, ctx, job), existing is None
 
@@ -84,13 +96,18 @@ def delete_job(session: Session, ctx: Context, name: str) -> None:
                 field="job",
                 code="has_readers",
             )
+    _refuse_during_revision(
+        session, outputs, f"job '{name}', its writer, cannot be deleted", "delete it", "job"
+    )
+    _hand_over(session, ctx, job, outputs)
     repo.delete_job(session, job.id)
 
 
-def _check_identity(session: Session, job: Job, inputs: list[str], outputs: list[str]) -> None:
+def _check_identity(session: Session, job: Job, inputs: list[str], outputs: list[str]) -> list[str]:
     """Job changes (DESIGN.md): once a job has run, its kind and inputs are what its
     outputs mean, so they cannot change in place; an output can be added, and removed
-    only while no batch is open (the batch would wait for it for good)."""
+    only while no batch is open (the batch would wait for it for good). Returns the
+    job's current inputs."""
     current_inputs, current_outputs = (
         edges.get(job.id, []) for edges in repo.edges_of_jobs(session, [job.id])
     )
@@ -107,8 +124,8 @@ def _check_identity(session: Session, job: Job, inputs: list[str], outputs: list
             f"job '{job.name}' has run, so its kind and inputs are fixed; it cannot change "
             f"{change}. Run the new logic as a new job (a new name, writing new tables), "
             f"revise its tables from a barrier, or delete the job (DELETE "
-            f"/api/v1/jobs/{job.name}, which forgets its barrier history) and register it "
-            "again. Nothing was changed",
+            f"/api/v1/jobs/{job.name}: its tables keep their history, and the job registered "
+            "again starts above it) and register it again. Nothing was changed",
             field="inputs",
             code="job_identity_changed",
         )
@@ -124,6 +141,127 @@ def _check_identity(session: Session, job: Job, inputs: list[str], outputs: list
             field="outputs",
             code="batch_open",
         )
+    return current_inputs
+
+
+def _refuse_during_revision(
+    session: Session, tables: list[Table], refused: str, action: str, field: str
+) -> None:
+    """Revision (DESIGN.md): the affected set is the downstream closure at the swap. A
+    reader or output added while a revision runs would be left on the replaced table,
+    so the edit waits for the swap (or the revision's cancel)."""
+    revised = revision_repo.active_overlapping(session, [t.id for t in tables])
+    if not revised:
+        return
+    revision, table = revised[0]
+    raise Conflict(
+        f"'{table}' is being revised (revision {revision}), so {refused}: at the swap "
+        "the edit would be left on the replaced table. Wait for the swap (POST "
+        f"/api/v1/revisions/{revision}/swap) or cancel the revision (DELETE "
+        f"/api/v1/revisions/{revision}), then {action}. Nothing was changed",
+        field=field,
+        code="revision_running",
+    )
+
+
+def _check_revisions(
+    session: Session, job: Job | None, inputs: list[str], outputs: list[str]
+) -> None:
+    """While a revision runs, no job starts reading one of its affected tables, and no
+    affected table's writer gains or loses an output (nor does an affected table change
+    writer)."""
+    current_inputs: list[str] = []
+    current_outputs: list[str] = []
+    if job is not None:
+        current_inputs, current_outputs = (
+            edges.get(job.id, []) for edges in repo.edges_of_jobs(session, [job.id])
+        )
+    new_inputs = sorted(set(inputs) - set(current_inputs))
+    found = repo.tables_by_names(session, new_inputs)
+    _refuse_during_revision(
+        session,
+        [found[n] for n in new_inputs if n in found],
+        "no job may start reading it",
+        "register the job",
+        "inputs",
+    )
+    if set(outputs) != set(current_outputs):
+        both = sorted(set(outputs) | set(current_outputs))
+        found = repo.tables_by_names(session, both)
+        _refuse_during_revision(
+            session,
+            [found[n] for n in both if n in found],
+            "the outputs of its writer may not change",
+            "change them",
+            "outputs",
+        )
+
+
+def _check_takeover(
+    session: Session, job: Job | None, name: str, kind: str, outputs: list[str]
+) -> int | None:
+    """Moving an output to another job (or deleting a job and registering another
+    writer) keeps the table's history and frontier (DESIGN.md). Returns the barrier
+    the new writer must start above, or None when no output it takes on has a history;
+    refused when the new writer could not keep the table's exact barriers."""
+    tables = [t for t in repo.tables_by_names(session, outputs).values() if t.writer_id is None]
+    stamped = repo.last_commit_barriers(session, [t.id for t in tables])
+    taken = {t.name: t for t in tables if t.handover_barrier is not None or t.id in stamped}
+    if not taken:
+        return None
+    table = taken[min(taken)]
+    floor = max(max(t.handover_barrier or 0, stamped.get(t.id, 0)) for t in taken.values())
+    keep = f"Nothing was changed; '{table.name}' keeps its history either way"
+    if job is not None and barrier_repo.open_batch(session, job.id) is not None:
+        raise Conflict(
+            f"job '{name}' cannot take on '{table.name}', which has a history up to "
+            f"barrier {floor}, while a batch of it is open: its frontier, held below that "
+            f"batch, would take the table's back. Let the batch commit, then retry. {keep}",
+            field="outputs",
+            code="batch_open",
+        )
+    if kind == SOURCE and any(t.handover_kind != SOURCE for t in taken.values()):
+        raise Conflict(
+            f"source job '{name}' cannot take on '{table.name}': its history up to "
+            f"barrier {floor} was written by a {table.handover_kind or 'derived'} job, so "
+            "it is exact only at the barriers that job committed, while a source's table "
+            "counts as exact at every barrier. Write it from a derived job that has not run "
+            f"yet, or write a new table. {keep}",
+            field="outputs",
+            code="history_kind",
+        )
+    if kind == DERIVED and job is not None and barrier_repo.has_batches(session, job.id):
+        raise Conflict(
+            f"derived job '{name}' has run, so it is exact at barriers of its own, and "
+            f"taking on '{table.name}' (history up to barrier {floor}) would name the "
+            "table at them: versions already handed out for it would change. Write it "
+            f"from a new derived job (one that has not run), or write a new table. {keep}",
+            field="outputs",
+            code="history_kind",
+        )
+    return floor
+
+
+def _take_over(session: Session, job: Job, floor: int) -> None:
+    """The new writer starts above the history of the tables it took on: a source's
+    batches get barriers above its frontier, and a derived job's first batch starts
+    after it, so neither stamps a table at or below a barrier it already holds data for."""
+    if floor > job.frontier:
+        job.frontier = floor
+    if job.kind == DERIVED:
+        repo.drop_plans(session, job.id)  # made for a first batch starting lower
+        job.pending_target = None
+
+
+def _hand_over(session: Session, ctx: Context, job: Job, tables: list[Table]) -> None:
+    """The tables lose their writer: each keeps how far that writer answered for it, and
+    its kind, for the next writer (see :func:`_check_takeover`)."""
+    if not tables:
+        return
+    frontier = fr.frontiers(session, ctx, [job], sealed_only=False)[job.id]
+    for table in tables:
+        table.handover_barrier = max(table.handover_barrier or 0, frontier)
+        table.handover_kind = job.kind
 
 
 def _unique_tables(names: list[str], field: str) -> list[str]:
@@ -206,10 +344,14 @@ def _set_edges(
     session.execute(delete(JobInput).where(JobInput.job_id == job.id))
     for name in inputs:
         session.add(JobInput(job_id=job.id, table_id=tables[name].id))
-    for table in repo.output_tables(session, job.id):
-        if table.name not in outputs:
-            table.writer_id = None
+    released = [t for t in repo.output_tables(session, job.id) if t.name not in outputs]
+    _hand_over(session, ctx, job, released)
+    for table in released:
+        table.writer_id = None
     for name in outputs:
+        if tables[name].writer_id != job.id:
+            # Taken on from the job's next batch: one opened before was opened without it.
+            tables[name].writer_first_batch = barrier_repo.next_batch_id(session, job.id)
         tables[name].writer_id = job.id
 
 
@@ -412,7 +554,7 @@ def table_snapshots(
     total = session.execute(select(func.count()).where(*conditions)).scalar_one()
     rows = session.execute(
         select(Commit, Job.name)
-        .join(Job, Job.id == Commit.job_id)
+        .outerjoin(Job, Job.id == Commit.job_id)  # a deleted writer's commits stay
         .where(*conditions)
         .order_by(Commit.barrier, Commit.batch_id)
         .limit(limit)
