@@ -305,6 +305,38 @@ def superseding(session: Session, writer: str) -> int | None:
 # -- the swap ---------------------------------------------------------------------------------
 
 
+def pre_revision_name(table: str, revision_id: int) -> str:
+    """Where the original goes at the swap: ``dw.detail`` -> ``dw.detail__pre_rev7``."""
+    return f"{table}__pre_rev{revision_id}"
+
+
+def swapped_mirrors(session: Session, names: Sequence[str]) -> dict[str, Table]:
+    """The tables that swapped revisions' mirrors became, by the mirror's old name
+    (``dw.detail__rev7`` -> the table now named ``dw.detail``), for those of ``names``
+    that are one: a revision job's report queued before the swap names its output so.
+    The mirror took its original's name, which the original left for
+    ``<name>__pre_rev<id>``."""
+    if not names:
+        return {}
+    rows = session.execute(
+        select(RevisionTable.mirror, RevisionTable.revision_id, Table.name)
+        .join(Revision, Revision.id == RevisionTable.revision_id)
+        .join(Table, Table.id == RevisionTable.table_id)
+        .where(RevisionTable.mirror.in_(list(names)), Revision.state == SWAPPED)
+    )
+    became = {
+        mirror: original.removesuffix(pre_revision_name("", revision_id))
+        for mirror, revision_id, original in rows
+        if original.endswith(pre_revision_name("", revision_id))
+    }
+    if not became:
+        return {}
+    tables = {
+        t.name: t for t in session.scalars(select(Table).where(Table.name.in_(set(became.values()))))
+    }
+    return {mirror: tables[name] for mirror, name in became.items() if name in tables}
+
+
 def rename_table(session: Session, table_id: int, name: str) -> None:
     session.execute(
         update(Table)

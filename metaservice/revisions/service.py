@@ -25,6 +25,7 @@ Iceberg side is ``revisions.mirrors``.
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from metaservice.barriers import service as barrier_service
 from metaservice.context import Context
 from metaservice.contract import on_grid, slot_of
 from metaservice.errors import Conflict, Invalid, NotFound
+from metaservice.lifecycle import repository as retention_repo
 from metaservice.models import DERIVED, SOURCE, Job, Revision, Table
 from metaservice.models.revisions import (
     ACTIVE,
@@ -60,6 +62,9 @@ from metaservice.topology import service as topo_service
 from metaservice.topology.graph import job_node, table_node
 from metaservice.topology.schemas import JobSpec
 from metaservice.versions import repository as lease_repo
+from metaservice.versions import service as versions
+
+log = logging.getLogger(__name__)
 
 
 def mirror_name(table: str, revision_id: int) -> str:
@@ -526,9 +531,8 @@ def _must_run(
 # -- the swap ---------------------------------------------------------------------------------
 
 
-def pre_revision_name(table: str, revision_id: int) -> str:
-    """Where the original goes at the swap: ``dw.detail`` -> ``dw.detail__pre_rev7``."""
-    return f"{table}__pre_rev{revision_id}"
+# Where the original goes at the swap: ``dw.detail`` -> ``dw.detail__pre_rev7``.
+pre_revision_name = repo.pre_revision_name
 
 
 def begin_swap(session: Session, ctx: Context, revision_id: int) -> RevisionView:
@@ -658,6 +662,11 @@ def finish_swap(
     }
     if len(reached) < len(affected):
         return None
+    frozen = {a.table: front[originals[a.writer].id] for a in affected}
+    goes_back = _version_going_back(session, ctx, revision_id, affected, frozen)
+    if goes_back is not None:
+        log.info("revision %d waits to swap: %s", revision_id, goes_back)
+        return None
     mirrors = topo.tables_by_names(session, [a.mirror for a in affected])
     lease_repo.lock_tables(
         session, [a.table_id for a in affected] + [t.id for t in mirrors.values()], exclusive=True
@@ -671,6 +680,7 @@ def finish_swap(
         for name, table_id in ((a.table, a.table_id), (a.mirror, mirrors[a.mirror].id))
         if table_id in published
     ]
+    _retention_follows_the_name(session, ctx, affected, mirrors)
     for a, r in zip(affected, renames, strict=True):
         repo.rename_table(session, a.table_id, r.pre)
     for a in affected:
@@ -682,6 +692,127 @@ def finish_swap(
     session.flush()
     session.refresh(revision)
     return Swapped(view(session, ctx, revision), renames, logs)
+
+
+def _retention_follows_the_name(
+    session: Session, ctx: Context, affected: list[Affected], mirrors: dict[str, Table]
+) -> None:
+    """A table's own retention policy follows its name: the mirror that becomes ``t``
+    gets the original's (in place of one of its own; none: the mirror's stays), and the
+    original, now ``t__pre_rev<id>``, keeps it too, so what it kept for its readers stays
+    kept."""
+    now = ctx.now_ms()
+    for a in affected:
+        own = retention_repo.retention(session, a.table_id)
+        if own is not None:
+            retention_repo.set_retention(
+                session, mirrors[a.mirror].id, own.keep_last, own.keep_for_seconds, now
+            )
+
+
+def _version_going_back(
+    session: Session,
+    ctx: Context,
+    revision_id: int,
+    affected: list[Affected],
+    frozen: dict[str, int],
+) -> str | None:
+    """Why a consistent version would go back if the swap happened now; None when none
+    would. ``frozen``: each original's frontier, which no longer moves (its writer is
+    superseded and has no batch open), so every version handed out for a set holding an
+    affected table is at or below it.
+
+    1. The mirrors must be exact together at a barrier at or above every frozen frontier:
+       then no set of affected tables goes back, nor any set with other tables that are
+       exact there too.
+    2. Any other table of the pipeline (one per writer) that is not exact there: a set of
+       it with an affected table, or with all of them, must have a version after the swap
+       at least as new as the one it has now. Otherwise the swap waits for that writer to
+       commit a barrier the mirrors are exact at (or for the mirrors to reach one of its)."""
+    mirrors = {a.table: a.mirror for a in affected}
+    highest = max(frozen.values())
+    together = _version_barrier(session, ctx, sorted(mirrors.values()))
+    if together is None or together < highest:
+        return (
+            f"the mirrors are exact together at barrier {together} only, below {highest} "
+            "(the frontier their originals stopped at): the revision jobs must commit a "
+            "common barrier at or above it"
+        )
+    for other in _not_exact_at(
+        session, ctx, _other_tables(session, ctx, revision_id, affected), together
+    ):
+        for chosen in [[t] for t in sorted(mirrors)] + [sorted(mirrors)]:
+            before = _version_barrier(session, ctx, sorted([*chosen, other]))
+            if before is None:
+                continue
+            renamed = sorted([*(mirrors[t] for t in chosen), other])
+            after = _version_barrier(session, ctx, renamed)
+            if after is None or after < before:
+                return (
+                    f"the consistent version of {', '.join(sorted([*chosen, other]))} is at "
+                    f"barrier {before}; swapped now, it would be at {after}: waiting for "
+                    f"'{other}' to be exact at a barrier the mirrors are exact at"
+                )
+    return None
+
+
+def _version_barrier(session: Session, ctx: Context, names: list[str]) -> int | None:
+    """The barrier of the tables' consistent version now; None when there is none."""
+    try:
+        return versions.consistent_version(session, ctx, names).barrier
+    except (Conflict, NotFound):
+        return None
+
+
+def _other_tables(
+    session: Session, ctx: Context, revision_id: int, affected: list[Affected]
+) -> dict[str, Job]:
+    """One table per writer (the writers' exactness and frontiers are what versions
+    compare) of the topology around the affected tables, outside them: the tables a
+    consistent version may pair with them. Left out: the tables of writers that a
+    revision supersedes (frozen, replaced) and the mirrors of other active revisions."""
+    graph: nx.DiGraph = ctx.graph.get(session)
+    undirected = graph.to_undirected(as_view=True)
+    own = {a.table for a in affected} | {a.mirror for a in affected}
+    writers = {a.writer for a in affected} | {
+        revision_job_name(a.writer, revision_id) for a in affected
+    }
+    around: set[str] = set()
+    for name in sorted(own):
+        if table_node(name) in graph and table_node(name) not in around:
+            around |= nx.node_connected_component(undirected, table_node(name))
+    found: dict[str, str] = {}  # writer -> one of its tables
+    for node in sorted(around):
+        if graph.nodes[node]["kind"] != "table" or graph.nodes[node]["name"] in own:
+            continue
+        for writer in graph.predecessors(node):
+            found.setdefault(graph.nodes[writer]["name"], graph.nodes[node]["name"])
+    others: dict[str, Job] = {}
+    for writer, table in sorted(found.items()):
+        if writer in writers or repo.superseding(session, writer) is not None:
+            continue
+        if repo.active_by_mirror(session, table) is not None:
+            continue
+        job = topo.job_by_name(session, writer)
+        if job is not None:
+            others[table] = job
+    return others
+
+
+def _not_exact_at(
+    session: Session, ctx: Context, tables: dict[str, Job], barrier: int
+) -> list[str]:
+    """Those of ``tables`` (by name, with their writers) that are not complete and exact
+    at ``barrier``."""
+    jobs = list({j.id: j for j in tables.values()}.values())
+    front = fr.frontiers(session, ctx, jobs)
+    derived = [j.id for j in jobs if j.kind == DERIVED]
+    exact = barrier_repo.latest_committed_at_or_before(session, derived, barrier)
+    return [
+        name
+        for name, job in sorted(tables.items())
+        if front[job.id] < barrier or (job.kind == DERIVED and exact.get(job.id) != barrier)
+    ]
 
 
 def _lock_jobs(
