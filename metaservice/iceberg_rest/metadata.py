@@ -1,0 +1,182 @@
+"""A table's Iceberg metadata pinned to one snapshot, for engines that read through the
+REST catalog (imports pyiceberg: the ``iceberg`` extra).
+
+Engines pick the snapshot they read in different ways, so the pinned metadata leaves
+them no other choice:
+
+- ``current-snapshot-id`` and the ``main`` branch name the pinned snapshot, and no other
+  ref is kept (tags and branches may point past it);
+- only the pinned snapshot and its ancestors are kept, with their snapshot-log entries:
+  nothing committed later is listed;
+- their timestamps, the log's and ``last-updated-ms`` are at most ``min(pinned commit
+  time, barrier)``: an engine that picks "the latest snapshot at or before now" by its
+  own clock would otherwise read an older snapshot whenever the writer's clock ran ahead
+  of the reader's (a barrier is a time of the MetaService's clock, and the pinned
+  snapshot was committed after it);
+- the schema is the pinned snapshot's, the metadata log is empty;
+- a table empty at the version has no snapshot and reads as empty.
+
+The same metadata is written as a file in the table's own metadata folder, for engines
+that read only the file at ``metadata-location``. Its name,
+``metaservice-pinned-<snapshot>-<digest>.metadata.json``, matches neither of Iceberg's own
+patterns (``v<N>.metadata.json``, ``<NNNNN>-<uuid>.metadata.json``), so nothing that
+lists the folder takes it for the table's latest; the digest of its content makes the
+same pin the same file. A file deleted (by hand, or by a tool cleaning the folder) is
+written again at the next load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from typing import Any
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.io import FileIO
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRef, SnapshotRefType
+from pyiceberg.table.snapshots import Snapshot, SnapshotLogEntry
+
+from metaservice.lifecycle.iceberg import load_catalog
+from metaservice.settings import Settings
+
+PINNED_PREFIX = "metaservice-pinned-"
+
+
+class SnapshotGone(LookupError):
+    """The pinned snapshot is no longer in the table's metadata."""
+
+
+def pinned(
+    metadata: TableMetadata, snapshot_id: int | None, barrier: int, *, refs_only: bool = False
+) -> TableMetadata:
+    """``metadata`` as of ``snapshot_id`` (None: the table was empty at the version).
+
+    ``refs_only`` keeps just the pinned snapshot (the REST ``snapshots=refs`` mode)."""
+    if snapshot_id is None:
+        cutoff = min(metadata.last_updated_ms, barrier)
+        return metadata.model_copy(
+            update={
+                "current_snapshot_id": None,
+                "snapshots": [],
+                "snapshot_log": [],
+                "refs": {},
+                "metadata_log": [],
+                "statistics": [],
+                "partition_statistics": [],
+                "last_updated_ms": cutoff,
+            }
+        )
+    by_id = {s.snapshot_id: s for s in metadata.snapshots}
+    head = by_id.get(snapshot_id)
+    if head is None:
+        raise SnapshotGone(snapshot_id)
+    cutoff = min(head.timestamp_ms, barrier)
+    kept = [head] if refs_only else _ancestry(head, by_id)
+    kept_ids = {s.snapshot_id for s in kept}
+    return metadata.model_copy(
+        update={
+            "current_snapshot_id": snapshot_id,
+            "current_schema_id": head.schema_id
+            if head.schema_id is not None
+            else metadata.current_schema_id,
+            "snapshots": [_at_most(s, cutoff) for s in kept],
+            "snapshot_log": _log(metadata, kept_ids, snapshot_id, cutoff),
+            "refs": {
+                MAIN_BRANCH: SnapshotRef(
+                    snapshot_id=snapshot_id,
+                    snapshot_ref_type=SnapshotRefType.BRANCH,
+                    min_snapshots_to_keep=None,
+                    max_snapshot_age_ms=None,
+                    max_ref_age_ms=None,
+                )
+            },
+            "metadata_log": [],
+            "statistics": [s for s in metadata.statistics if s.snapshot_id in kept_ids],
+            "partition_statistics": [
+                s for s in metadata.partition_statistics if s.snapshot_id in kept_ids
+            ],
+            "last_updated_ms": cutoff,
+        }
+    )
+
+
+def _ancestry(head: Snapshot, by_id: dict[int, Snapshot]) -> list[Snapshot]:
+    """``head`` and the ancestors still in the table, oldest first."""
+    chain = [head]
+    seen = {head.snapshot_id}
+    parent = head.parent_snapshot_id
+    while parent is not None and parent in by_id and parent not in seen:
+        chain.append(by_id[parent])
+        seen.add(parent)
+        parent = by_id[parent].parent_snapshot_id
+    return chain[::-1]
+
+
+def _at_most(snapshot: Snapshot, cutoff: int) -> Snapshot:
+    if snapshot.timestamp_ms <= cutoff:
+        return snapshot
+    return snapshot.model_copy(update={"timestamp_ms": cutoff})
+
+
+def _log(
+    metadata: TableMetadata, kept_ids: set[int], head: int, cutoff: int
+) -> list[SnapshotLogEntry]:
+    entries = [
+        SnapshotLogEntry(snapshot_id=e.snapshot_id, timestamp_ms=min(e.timestamp_ms, cutoff))
+        for e in metadata.snapshot_log
+        if e.snapshot_id in kept_ids
+    ]
+    if not entries or entries[-1].snapshot_id != head:
+        entries.append(SnapshotLogEntry(snapshot_id=head, timestamp_ms=cutoff))
+    return entries
+
+
+def as_json(metadata: TableMetadata) -> dict[str, Any]:
+    """The metadata as the REST answer and the file carry it. An empty table says
+    ``current-snapshot-id: -1`` (the spec's older form, which every reader takes for
+    "no snapshot") rather than leaving the field out."""
+    body: dict[str, Any] = json.loads(metadata.model_dump_json())
+    body.setdefault("current-snapshot-id", -1)
+    return body
+
+
+def write_pinned(io: FileIO, location: str, body: dict[str, Any]) -> str:
+    """Where the pinned metadata file is, writing it first if it is not there."""
+    text = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    digest = hashlib.sha256(text).hexdigest()[:16]
+    snapshot = body.get("current-snapshot-id", -1)
+    label = "empty" if snapshot in (-1, None) else str(snapshot)
+    path = f"{location.rstrip('/')}/metadata/{PINNED_PREFIX}{label}-{digest}.metadata.json"
+    if not io.new_input(path).exists():
+        with io.new_output(path).create(overwrite=True) as out:
+            out.write(text)
+    return path
+
+
+# -- the tables' catalog --------------------------------------------------------------------
+
+_catalogs: dict[int, Catalog] = {}
+_catalogs_lock = threading.Lock()
+
+
+def catalog_of(settings: Settings) -> Catalog:
+    """The jobs' catalog, loaded once per settings object (a SQL catalog holds an engine)."""
+    with _catalogs_lock:
+        catalog = _catalogs.get(id(settings))
+        if catalog is None:
+            catalog = _catalogs[id(settings)] = load_catalog(settings)
+        return catalog
+
+
+def load_pinned(
+    settings: Settings, name: str, snapshot_id: int | None, barrier: int, *, refs_only: bool
+) -> tuple[str, dict[str, Any]]:
+    """(metadata location, metadata) of table ``name`` pinned to ``snapshot_id``.
+
+    Raises pyiceberg's ``NoSuchTableError`` when the catalog has no such table, and
+    :class:`SnapshotGone` when its metadata no longer holds the snapshot."""
+    table = catalog_of(settings).load_table(name)
+    body = as_json(pinned(table.metadata, snapshot_id, barrier, refs_only=refs_only))
+    return write_pinned(table.io, table.metadata.location, body), body
