@@ -30,6 +30,13 @@ def worth_retrying(exc: ApiError) -> bool:
     return exc.status >= 500 or exc.status in (401, 403, 429)
 
 
+# A report for a table its batch was not opened with (the table became the job's output
+# later): refused for good, and nothing else is wrong. The table is recorded from the
+# job's next batch on, so a driver goes on rather than fail the batch, which its replay
+# would report, and be refused, again.
+OUTPUT_ADDED_AFTER_BATCH = "output_added_after_batch"
+
+
 class Reporter(Protocol):
     def report(self, report: dict[str, Any]) -> None: ...
 
@@ -123,7 +130,16 @@ class DirectReporter:
         self.give_up_after_s = give_up_after_s
 
     def report(self, report: dict[str, Any]) -> None:
-        retry(lambda: self.client.report_commits([report]), self.give_up_after_s, "report a commit")
+        try:
+            retry(
+                lambda: self.client.report_commits([report]),
+                self.give_up_after_s,
+                "report a commit",
+            )
+        except ApiError as exc:
+            if exc.code != OUTPUT_ADDED_AFTER_BATCH:
+                raise
+            log.warning("MetaService refused %s for good: %s", report, exc.message)
 
     def flush(self, timeout: float | None = None) -> bool:
         return True

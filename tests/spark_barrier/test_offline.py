@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from metaservice.app import create_app
-from metaservice.client import MetaServiceClient, Unavailable
+from metaservice.client import ApiError, MetaServiceClient, Unavailable
 from metaservice.clock import ManualClock
 from metaservice.migrate import upgrade
 from metaservice.settings import Settings
@@ -26,7 +26,7 @@ from spark_barrier.offline import (
     OfflineBarriers,
 )
 from spark_barrier.outbox import HEADER_BYTES, OutboxFullError, decode_frame_header
-from spark_barrier.report import OutboxReporter
+from spark_barrier.report import DirectReporter, OutboxReporter
 
 T0 = 1_700_000_000_000
 SLOT = 1000
@@ -321,6 +321,59 @@ def test_a_refused_token_holds_reports_back_and_one_bad_report_drops_no_other(
     assert reporter.flush(10)
     assert rig.snapshots("ods.orders") == list(enumerate(barriers))
     reporter.close()
+
+
+def test_reports_fenced_off_by_a_job_change_or_an_abandon_are_dropped_and_the_rest_land(
+    rig: Rig,
+) -> None:
+    """A report for an output added after its batch was opened, and the late report of an
+    abandoned batch, are refused for good (409): the outbox drops each alone, delivers
+    every other report, and never records the refused ones."""
+    rig.state.mkdir()
+    reporter = OutboxReporter(rig.client, rig.state / "outbox")
+    b0 = rig.client.batch_barrier("src", 0).barrier
+    rig.client.put_job("src", outputs=["ods.orders", "ods.extra"])  # while batch 0 is open
+    rig.clock.advance(SLOT)
+    b1 = rig.client.batch_barrier("src", 1).barrier
+    extra = {"table": "ods.extra"}
+    reporter.report({**report_of(0, b0), **extra})  # batch 0 was opened without ods.extra
+    commit(reporter, 0, b0)
+    reporter.report({**report_of(1, b1), **extra})
+    commit(reporter, 1, b1)
+    assert reporter.flush(10)
+    rig.clock.advance(SLOT)
+    b2 = rig.client.batch_barrier("src", 2).barrier  # its driver dies
+    rig.clock.advance(3 * SLOT)
+    rig.client.abandon_batch("src", 2)
+    rig.clock.advance(SLOT)
+    b3 = rig.client.batch_barrier("src", 3).barrier
+    for batch_id, barrier in ((2, b2), (3, b3)):  # the dead driver's outbox, delivered late
+        reporter.report({**report_of(batch_id, barrier), **extra})
+        commit(reporter, batch_id, barrier)
+    assert reporter.flush(10)
+    assert reporter.outbox.backlog == 0
+    assert rig.snapshots("ods.orders") == [(0, b0), (1, b1), (3, b3)]
+    assert rig.snapshots("ods.extra") == [(1, b1), (3, b3)]
+    # Nothing the refusals left behind holds the tables: they follow the clock.
+    rig.clock.advance(2 * SLOT)
+    assert rig.frontier("ods.orders") == rig.clock.now_ms() // SLOT * SLOT - SLOT
+    reporter.close()
+
+
+def test_a_direct_reporter_goes_on_past_a_report_for_an_output_added_after_its_batch(
+    rig: Rig,
+) -> None:
+    """Without an outbox the refusal would fail the batch, whose replay reports it again."""
+    reporter = DirectReporter(rig.client, give_up_after_s=5)
+    b0 = rig.client.batch_barrier("src", 0).barrier
+    rig.client.put_job("src", outputs=["ods.orders", "ods.extra"])  # while batch 0 is open
+    reporter.report({**report_of(0, b0), "table": "ods.extra"})  # refused, logged
+    reporter.report(report_of(0, b0))
+    assert rig.snapshots("ods.orders") == [(0, b0)]
+    assert rig.snapshots("ods.extra") == []
+    with pytest.raises(ApiError) as refused:  # any other refusal still stops the batch
+        reporter.report({**report_of(1, b0), "table": "no.such"})
+    assert refused.value.status == 404
 
 
 def machine_crash(directory: Path, durable_seq: int) -> None:
