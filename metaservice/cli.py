@@ -656,7 +656,7 @@ def snapshots(
                 "(no rows)" if s.snapshot_id is None else str(s.snapshot_id),
                 str(s.barrier),
                 fmt.when(s.barrier, now=now),
-                s.job,
+                s.job or "(deleted)",
                 str(s.batch_id),
                 fmt.ago(s.reported_ms, now),
             )
