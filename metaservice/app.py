@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from metaservice import __version__
 from metaservice.auth.endpoints import router as auth_router
+from metaservice.auth.whoami import router as whoami_router
 from metaservice.barriers.endpoints import router as barriers_router
 from metaservice.barriers.endpoints import writes as barrier_writes_router
 from metaservice.clock import Clock, SystemClock
@@ -103,6 +104,7 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
         delay_router,
         lifecycle_router,
         auth_router,
+        whoami_router,
     ):
         app.include_router(router, prefix=API_PREFIX, responses=API_ERRORS)
     app.include_router(ops_router)

@@ -117,6 +117,14 @@ class Settings(BaseSettings):
         False,
         description="Require a bearer token on every /api/v1 request; off, every caller is admin.",
     )
+    log_address_allowlist: list[str] = Field(
+        default_factory=list,
+        description="Log service hosts (or host:port) the service calls without a proof "
+        'that they hold a writer token (JSON in METASERVICE_LOG_ADDRESS_ALLOWLIST, e.g. '
+        '["logs.internal:7070"]). Empty: with auth on, a published log address is accepted '
+        "and called only when the log service there proves it holds one; given: only "
+        "these addresses are accepted.",
+    )
     metrics_public: bool = Field(
         True,
         description="Serve /metrics without a token even when auth is required (for scrapers).",

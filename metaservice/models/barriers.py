@@ -98,10 +98,7 @@ class BatchInput(Base):
 
 
 class Commit(Base):
-    """A reported commit: one job's batch wrote one table, as one snapshot (or none when empty).
-
-    ``job_id`` is NULL once the job was deleted: the row stays as the table's snapshot at
-    its barrier, which versions already handed out named (topology.service.delete_job)."""
+    """A reported commit: one job's batch wrote one table, as one snapshot (or none when empty)."""
 
     __tablename__ = "commits"
     __table_args__ = (
@@ -122,9 +119,7 @@ class Commit(Base):
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    job_id: Mapped[int | None] = mapped_column(
-        ForeignKey("jobs.id", ondelete="CASCADE"), nullable=True
-    )
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     batch_id: Mapped[int] = mapped_column(BigInteger)
     table_id: Mapped[int] = mapped_column(ForeignKey("tables.id", ondelete="CASCADE"))
     barrier: Mapped[int] = mapped_column(BigInteger)

@@ -82,7 +82,7 @@ import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any
+from typing import Any, Protocol
 
 from hypothesis import strategies as st
 
@@ -397,6 +397,34 @@ class Retention(Compact):
     keep_last: int = 2
 
 
+@dataclass(frozen=True, repr=False)
+class Revise(Compact):
+    """POST /revisions: revise a derived table from a barrier its writer committed (the
+    ``back``-th newest one it is known to have had)."""
+
+    table: str
+    back: int = 0
+
+
+@dataclass(frozen=True, repr=False)
+class RunRevision(Compact):
+    """The revision's jobs run: one (``pick``) or every one, upstream first."""
+
+    pick: int | None = None
+    fail: str = "none"
+
+
+@dataclass(frozen=True, repr=False)
+class Swap(Compact):
+    """POST /revisions/{id}/swap (not waiting): refused (not ready), swapping (the
+    original writers are superseded) or swapped (the mirrors carry the names)."""
+
+
+@dataclass(frozen=True, repr=False)
+class CancelRevision(Compact):
+    """DELETE /revisions/{id}: the mirrors and the revision's jobs are dropped."""
+
+
 Step = (
     Advance
     | Tick
@@ -422,6 +450,10 @@ Step = (
     | Rejoin
     | Reconcile
     | Retention
+    | Revise
+    | RunRevision
+    | Swap
+    | CancelRevision
 )
 
 # Steps that change the service's state beyond job progress: after each, every answer
@@ -437,10 +469,25 @@ STATE_CHANGES = (
     Reconcile,
     Retention,
     Flush,
+    Revise,
+    Swap,
+    CancelRevision,
 )
 
 
 # --------------------------------------------------------------------------- state
+
+
+class Lake(Protocol):
+    """Real Iceberg tables in the service's catalog (for revisions: mirrors are made
+    from the tables' metadata)."""
+
+    def ensure(self, table: str) -> None:
+        """Create the table if it does not exist."""
+
+    def commit(self, table: str, job: str, batch_id: int, barrier: int, rows: Counter) -> int:
+        """Append the rows as one snapshot stamped with the batch; its snapshot id."""
+        ...
 
 
 @dataclass
@@ -451,6 +498,7 @@ class Snapshot:
     batch_id: int
     delta: Counter  # the rows this commit appended
     reported: bool = False
+    mirror_start: bool = False  # a revision's mirror starts here (the service's own record)
 
 
 @dataclass
@@ -583,6 +631,11 @@ class JobState:
     # source jobs holding an offline grant
     floor: int | None = None
     claims: list[Pending] = field(default_factory=list)  # undelivered, in batch order
+    # a revision job: the tables it reads for its logical inputs (the affected ones' mirrors)
+    reads: dict[str, str] = field(default_factory=dict)
+
+    def source(self, logical: str) -> str:
+        return self.reads.get(logical, logical)
 
     @property
     def committed(self) -> int:
@@ -593,6 +646,18 @@ class JobState:
         """Batches the service holds open: known, not reported, not abandoned."""
         batches = [*self.outbox, *([self.pending] if self.pending is not None else [])]
         return [p for p in batches if p.known and not p.abandoned]
+
+
+@dataclass
+class RevisionState:
+    """A revision the service planned, as the simulator follows it."""
+
+    rid: int
+    table: str
+    from_barrier: int
+    mirrors: dict[str, str] = field(default_factory=dict)  # original -> mirror
+    jobs: dict[str, JobState] = field(default_factory=dict)  # logical job -> revision job
+    swapping: bool = False  # the original writers are superseded
 
 
 @dataclass
@@ -678,13 +743,15 @@ class Simulation:
         db_state: Callable[[], Any] | None = None,
         reserve: Callable[[str], dict] | None = None,
         reconcile: Callable[[dict[str, list[dict]]], dict] | None = None,
+        lake: Lake | None = None,
     ) -> None:
         """``db_state``: every row of the service's database, to check that refused
         requests change nothing (else the API's view of jobs and mappings is compared).
         ``reserve``: reserve a table's expiry for an executor (None: the service has no
         reservations, G5 is checked on plans and leases only). ``reconcile``: run
         ``metaservice reconcile`` on the given stamps, per table in commit order (None:
-        a Reconcile step does nothing)."""
+        a Reconcile step does nothing). ``lake``: real Iceberg tables that every batch
+        is committed to (None: snapshot ids are made up; revisions need real tables)."""
         self.client = client
         self.clock = clock
         self.topo = topology
@@ -694,6 +761,9 @@ class Simulation:
         self._db_state = db_state
         self._reserve = reserve
         self._reconcile = reconcile
+        self._lake = lake
+        self.revisions: dict[int, RevisionState] = {}  # planned or running, not swapped
+        self.mirror_of: dict[str, str] = {}  # mirror table -> its original
         self.tables = {t: TableState(t) for t in topology.tables}
         self.jobs = {
             j.name: JobState(j.name, j.name, f"q-{j.name}", [j.output]) for j in topology.jobs
@@ -761,6 +831,8 @@ class Simulation:
     def register(self) -> None:
         for job in self.topo.jobs:
             self.call("PUT", f"/jobs/{job.name}", {201}, json=self.spec(job))
+            if self._lake is not None:
+                self._lake.ensure(job.output)
 
     def spec(self, jd: JobDef, js: JobState | None = None) -> dict:
         outputs = js.outputs if js is not None else [jd.output]
@@ -832,6 +904,14 @@ class Simulation:
                 return self.reconcile()
             case Retention(table, keep_last):
                 return self.retention(table, keep_last)
+            case Revise(table, back):
+                return self.revise(table, back)
+            case RunRevision(pick, fail):
+                return self.run_revision(pick, fail)
+            case Swap():
+                return self.swap()
+            case CancelRevision():
+                return self.cancel_revision()
         raise AssertionError(f"unknown step {step!r}")
 
     def step(self, step: Step) -> Any:
@@ -870,6 +950,9 @@ class Simulation:
         ahead_ms: int = 0,
     ) -> str:
         jd, js = self.topo.job(job), self.jobs[job]
+        if self.superseded(job) and js.pending is None and js.planned is None:
+            self.flush(js)
+            return "superseded by a revision"
         if jd.is_source:
             if ahead_ms and js.floor is None and not js.claims:
                 self.report_in(job)  # a job giving itself barriers holds a grant
@@ -942,15 +1025,20 @@ class Simulation:
         if fail == "before_commit":
             return "crashed before commit"
         if not p.written:
-            table = self.tables[jd.output]
+            table = self.tables[js.outputs[0]]
             assert table.find(js.name, p.batch_id) is None  # never a second snapshot for a batch
             if p.delta:
+                snapshot_id = (
+                    next(self._snapshot_ids)
+                    if self._lake is None
+                    else self._lake.commit(table.name, js.name, p.batch_id, p.barrier, p.delta)
+                )
                 p.snapshot = table.append(
-                    Snapshot(next(self._snapshot_ids), p.barrier, js.name, p.batch_id, p.delta)
+                    Snapshot(snapshot_id, p.barrier, js.name, p.batch_id, p.delta)
                 )
             p.written = True
         else:
-            found = self.tables[jd.output].find(js.name, p.batch_id)
+            found = self.tables[js.outputs[0]].find(js.name, p.batch_id)
             assert found is p.snapshot, (found, p.snapshot)
         if fail == "after_commit":
             return "crashed before report"
@@ -1101,7 +1189,7 @@ class Simulation:
                 {200},
                 # Every other source as a long poll (1 ms): its look without locks
                 # first, then the round, must give the same answers (issue 13).
-                params={"after": js.offset, "source": source, "wait_ms": i % 2},
+                params={"after": js.offset, "source": js.source(source), "wait_ms": i % 2},
             ).json()
             assert nb["start_barrier"] == js.offset, (nb, js.offset)
             assert nb["ready"] == (nb["barrier"] > js.offset), nb
@@ -1144,9 +1232,10 @@ class Simulation:
                 self.stats["ranges not final"] += 1
                 self.log(f"ranges {js.name} ({a}, {b}]: {r.json()}")
                 return None
-            mine = [x for x in r.json() if x["table"] == source]
-            assert len(mine) == 1, (source, r.json())
-            rg, table = mine[0], self.tables[source]
+            name = js.source(source)
+            mine = [x for x in r.json() if x["table"] == name]
+            assert len(mine) == 1, (name, r.json())
+            rg, table = mine[0], self.tables[name]
             assert (rg["from_barrier"], rg["to_barrier"]) == (a, b), rg
             # The barrier-to-snapshot mapping, recomputed from the simulator's own records.
             expected = (table.snapshot_at(a), table.snapshot_at(b))
@@ -1156,7 +1245,7 @@ class Simulation:
             )
             for row, n in table.read(rg["from_snapshot"], rg["to_snapshot"]).items():
                 delta[(jd.name, source, row)] += n
-            ranges.append((source, a, b, rg["from_snapshot"], rg["to_snapshot"]))
+            ranges.append((name, a, b, rg["from_snapshot"], rg["to_snapshot"]))
         return delta, sorted(ranges)
 
     # ------------------------------------------------------------------ reports
@@ -1239,9 +1328,10 @@ class Simulation:
             js.ends.add(p.barrier)
             if G1 in self.checks:
                 # A derived table is exact at every barrier it commits.
-                at = self.tables[jd.output].snapshot_at(p.barrier)
+                out = js.outputs[0]
+                at = self.tables[out].snapshot_at(p.barrier)
                 what = f"{js.name} committed batch {p.batch_id} at {p.barrier}"
-                self.check_exact({jd.output: at}, p.barrier, what)
+                self.check_exact({out: at}, p.barrier, what)
                 self.stats["G1 derived commits checked"] += 1
 
     def _flush_zombie(self, js: JobState) -> None:
@@ -1450,6 +1540,8 @@ class Simulation:
         if change == "add_output":
             if extra in js.outputs:
                 return "has it"
+            if js.claims:
+                return "claims undelivered"
             js.outputs.append(extra)
             self.call("PUT", path, {200}, json=self.spec(jd, js))
             return "output added"
@@ -1651,10 +1743,10 @@ class Simulation:
 
     # ------------------------------------------------------------------ state changes
 
-    def edit(self, method: str, path: str, ok: int, **kwargs: Any) -> Any:
+    def edit(self, method: str, path: str, ok: int | set[int], **kwargs: Any) -> Any:
         """A state change the service may refuse (409): then it must change nothing."""
         before = self.snapshot_state() if G3 in self.checks else None
-        r = self.call(method, path, {ok, 409}, **kwargs)
+        r = self.call(method, path, {ok, 409} if isinstance(ok, int) else {*ok, 409}, **kwargs)
         if r.status_code == 409:
             if before is not None:
                 after = self.snapshot_state()
@@ -1667,6 +1759,8 @@ class Simulation:
 
     def _add_table(self, table: str) -> None:
         self.tables.setdefault(table, TableState(table))
+        if self._lake is not None:
+            self._lake.ensure(table)
 
     def late_output(self, job: str, done: bool = False) -> str:
         """An output added after a batch opened; a report of that batch for it is refused."""
@@ -1674,6 +1768,8 @@ class Simulation:
         extra = f"{jd.output}_x"
         if extra in js.outputs or any(extra in o.outputs for _, o in self.live()):
             return "has it"
+        if js.claims:
+            return "claims undelivered"
         p: Pending | Done | None
         if done:
             p = js.done[-1] if js.done else None
@@ -1721,6 +1817,10 @@ class Simulation:
         to = self.jobs[to_jd.name]
         if to is js:
             return "no other job"
+        if js.claims or to.claims:
+            # (a batch given its barrier offline is announced later: which outputs it
+            # was opened with is the driver's, not modelled here)
+            return "claims undelivered"
         held = self.call("GET", f"/tables/{extra}", {200}).json()["frontier"] or 0
         smaller = [o for o in js.outputs if o != extra]
         r = self.edit(
@@ -1758,7 +1858,8 @@ class Simulation:
         self.peek(job, len(jd.inputs))  # its sources fixed an end for the old inputs
         r = self.edit("PUT", f"/jobs/{js.name}", 200, json={**self.spec(jd, js), "inputs": inputs})
         if r.status_code == 409:
-            assert r.json()["code"] == "job_identity_changed", r.text
+            # (or: a revision runs on the table it would start reading)
+            assert r.json()["code"] in {"job_identity_changed", "revision_running"}, r.text
             return "refused"
         new = JobDef(jd.name, jd.output, tuple(inputs))
         self.topo = Topology(tuple(new if j is jd else j for j in self.topo.jobs))
@@ -1801,7 +1902,11 @@ class Simulation:
         name = f"{jd.name}.r{next(self._incarnations)}" if rename else js.name
         self.call("PUT", f"/jobs/{name}", {200, 201}, json=self.spec(jd, js))
         self.history = [h for h in self.history if h["job"] != js.name]
-        fresh = JobState(jd.name, name, f"q-{name}-{next(self._incarnations)}", list(js.outputs))
+        fresh = JobState(jd.name, name, f"q-{name}", list(js.outputs))
+        if not rename:
+            # The same driver comes back from its checkpoint: its batch ids go on (a
+            # new query restarting at 0 would find the old batches in the summaries).
+            fresh.query, fresh.next_batch = js.query, js.next_batch
         self.jobs[jd.name] = fresh
         self.stats["source job deleted and registered again"] += 1
         self.log(f"{js.name} deleted and registered again as {name}")
@@ -1828,10 +1933,18 @@ class Simulation:
         self.log(f"reconcile: {report}")
         # What it may record: every commit a live driver made and has not reported.
         for _, js in self.live():
-            for p in [*js.outbox, *([js.pending] if js.pending is not None else [])]:
-                if p.written and p.known and not p.abandoned and p.snapshot is not None:
+            unreported = [
+                p
+                for p in [*js.outbox, *([js.pending] if js.pending is not None else [])]
+                if p.written and p.known and not p.abandoned
+            ]
+            if not any(p.snapshot is not None for p in unreported):
+                continue
+            for p in unreported:
+                # (a batch without a snapshot before one with it: completed empty)
+                if p.snapshot is not None:
                     p.snapshot.reported = True
-                    p.reconciled = True
+                p.reconciled = True
         self.stats["reconciled"] += 1
         return "reconciled"
 
@@ -1840,6 +1953,150 @@ class Simulation:
         self.keep_last[table] = keep_last
         return "retention set"
 
+    # ------------------------------------------------------------------ revisions
+
+    def revise(self, table: str, back: int = 0) -> str:
+        """Plan a revision of a derived table from a barrier its writer committed."""
+        if self._lake is None:
+            return "no Iceberg tables"
+        jd = self.topo.writer(table)
+        js = self.jobs[jd.name]
+        if jd.is_source or self.revisions:
+            return "a source table, or a revision already running"
+        ends = sorted(e for e in js.ends if 0 < e <= js.committed)
+        if not ends:
+            return "nothing committed yet"
+        b = ends[-1 - back % len(ends)]
+        r = self.edit("POST", "/revisions", 201, json={"table": table, "from_barrier": b})
+        if r.status_code == 409:
+            return f"refused: {r.json()['code']}"
+        view = r.json()
+        rs = self.revisions[view["id"]] = RevisionState(view["id"], table, b)
+        self._follow(rs, view)
+        self.stats["revision planned"] += 1
+        self.log(f"revision {rs.rid} of {table} from {b}: {view}")
+        return "planned"
+
+    def _follow(self, rs: RevisionState, view: dict) -> None:
+        """Mirrors and revision jobs the service names that the simulator lacks (a
+        reader or an output added during the revision may be taken into it)."""
+        for m in view["tables"]:
+            original, mirror = m["table"], m["mirror"]
+            if original in rs.mirrors:
+                continue
+            start = m["start_snapshot"]
+            expected = self.tables[original].snapshot_at(rs.from_barrier)
+            assert start == expected, (
+                f"G1: the mirror {mirror} of {original} starts at {start}; its snapshot at "
+                f"{rs.from_barrier} is {expected} ({view})"
+            )
+            rs.mirrors[original] = mirror
+            self.mirror_of[mirror] = original
+            ts = self.tables[mirror] = TableState(mirror)
+            if start is not None:
+                # The mirror's history starts at the snapshot: the table's state there.
+                old = self.tables[original].snapshots[self.tables[original].position(start)]
+                content = self.tables[original].content(start)
+                ts.append(Snapshot(start, old.barrier, old.job, old.batch_id, content, True, True))
+        for must in view["must_run"]:
+            logical = next(jd.name for jd, js in self.live() if js.name == must["job"])
+            if logical in rs.jobs:
+                continue
+            main = self.mirror_name(rs, self.topo.job(logical).output)
+            outs = [main, *sorted(o["mirror"] for o in must["outputs"] if o["mirror"] != main)]
+            reads = {i["table"]: i["mirror"] for i in must["mirror_inputs"]}
+            rj = JobState(logical, must["revision_job"], f"q-{must['revision_job']}", outs)
+            rj.offset, rj.reads, rj.ends = rs.from_barrier, reads, {rs.from_barrier}
+            rs.jobs[logical] = rj
+
+    @staticmethod
+    def mirror_name(rs: RevisionState, table: str) -> str:
+        return rs.mirrors.get(table, table)
+
+    def _revision(self) -> RevisionState | None:
+        if not self.revisions:
+            return None
+        rs = next(iter(self.revisions.values()))
+        view = self.call("GET", f"/revisions/{rs.rid}", {200}).json()
+        self._follow(rs, view)
+        return rs
+
+    def superseded(self, logical: str) -> bool:
+        """The job's writer is superseded by a revision that is swapping."""
+        return any(rs.swapping and logical in rs.jobs for rs in self.revisions.values())
+
+    def run_revision(self, pick: int | None = None, fail: str = "none") -> str:
+        rs = self._revision()
+        if rs is None:
+            return "no revision"
+        order = [j.name for j in self.topo.jobs if j.name in rs.jobs]
+        names = order if pick is None else [order[pick % len(order)]]
+        return ", ".join(
+            self._run_derived(self.topo.job(n), rs.jobs[n], fail, False, "none") for n in names
+        )
+
+    def swap(self) -> str:
+        rs = self._revision()
+        if rs is None:
+            return "no revision"
+        for logical in rs.jobs:
+            self.flush(self.jobs[logical])  # the original writers' reports are delivered
+        r = self.edit("POST", f"/revisions/{rs.rid}/swap", {200, 202}, json={"wait_seconds": 0})
+        if r.status_code == 409:
+            return f"refused: {r.json()['code']}"
+        if r.status_code == 202 or r.json()["state"] != "swapped":
+            rs.swapping = True
+            self.log(f"revision {rs.rid}: swapping")
+            return "swapping"
+        self._swapped(rs)
+        return "swapped"
+
+    def _swapped(self, rs: RevisionState) -> None:
+        """The mirrors carry the original names and the revision's jobs are the writers.
+        Answers naming the revised tables were of the replaced history: they go (the
+        latest versions must still not go back)."""
+        # "The affected set is the downstream closure at the swap": a reader or an output
+        # added during the revision was refused or taken into it, never left behind.
+        for logical in rs.jobs:
+            left = sorted(set(self.jobs[logical].outputs) - set(rs.mirrors))
+            assert not left, (
+                f"revision {rs.rid} swapped without {left}, outputs of {logical} (superseded): "
+                f"they are left on the replaced writer (mirrors {rs.mirrors})"
+            )
+        readers = {
+            r.name for t in rs.mirrors if t in self.topo.tables for r in self.topo.readers(t)
+        }
+        assert readers <= set(rs.jobs), (
+            f"revision {rs.rid} swapped without {sorted(readers - set(rs.jobs))}, readers of "
+            f"the revised tables {sorted(rs.mirrors)}: they are left on the replaced tables"
+        )
+        for original, mirror in rs.mirrors.items():
+            ts = self.tables[mirror]
+            ts.name = original  # (the lake commits under the table's name)
+            self.tables[original] = ts
+            self.reserved[original] = set()
+            self.forget_answers(original)
+        for logical, rj in rs.jobs.items():
+            rj.outputs = [self.mirror_of.get(o, o) for o in rj.outputs]
+            rj.reads = {}
+            self.jobs[logical] = rj
+        gone = set(rs.mirrors) | set(rs.mirrors.values())
+        self.history = [h for h in self.history if h["table"] not in gone]
+        del self.revisions[rs.rid]
+        self.stats["revision swapped"] += 1
+        self.log(f"revision {rs.rid} swapped: {rs.mirrors}")
+
+    def cancel_revision(self) -> str:
+        rs = self._revision()
+        if rs is None:
+            return "no revision"
+        r = self.edit("DELETE", f"/revisions/{rs.rid}", 200)
+        if r.status_code == 409:
+            return f"refused: {r.json()['code']}"
+        del self.revisions[rs.rid]
+        self.stats["revision cancelled"] += 1
+        return "cancelled"
+
     # ------------------------------------------------------------------ G1, G2
 
     def oracle(self, table: str, barrier: int, _memo: dict | None = None) -> Counter:
@@ -1847,6 +2104,7 @@ class Simulation:
         memo = {} if _memo is None else _memo
         if table in memo:
             return memo[table]  # type: ignore[no-any-return]
+        table = self.mirror_of.get(table, table)  # a mirror: its original, recomputed
         if table not in self.topo.tables:
             return Counter()  # an added output: its batches only ever commit nothing
         job = self.topo.writer(table)
@@ -1917,8 +2175,15 @@ class Simulation:
         if lease_seconds is not None:
             params["lease_seconds"] = lease_seconds
         bound = None
+        fronts = self.observe()
         if G2 in self.checks:
-            bound = self.g2_floor(tables, self.observe(), at_or_before)
+            bound = self.g2_floor(tables, fronts, at_or_before)
+        # The answer for at_or_before is final once every table's frontier reached it
+        # (frontiers only grow): no barrier up to it can become consistent later.
+        settled = at_or_before is not None and all(
+            t in self.topo.tables and fronts[self.topo.writer(t).name] >= at_or_before
+            for t in tables
+        )
         if post and lease_seconds is not None:
             body = {**params, "tables": list(tables)}
             r = self.call("POST", "/leases", {201, 409}, json=body)
@@ -1929,6 +2194,7 @@ class Simulation:
             code = r.json()["code"]
             assert code in {"no_consistent_version", "expired"}, r.text
             if at_or_before is not None and (key, at_or_before) in self.memo:
+                # (an answer of its own barrier's, or a settled one)
                 assert code == "expired", (
                     f"a consistent version of {key} at or before {at_or_before} was answered "
                     f"{self.memo[key, at_or_before]}, now it is refused: {r.text}"
@@ -1955,7 +2221,7 @@ class Simulation:
         if G1 in self.checks:
             self.check_exact(v["snapshots"], b, f"consistent version {params} = {v}")
             self.stats["G1 versions checked"] += 1
-        self._remember(key, at_or_before, b, v["snapshots"])
+        self._remember(key, at_or_before if settled else None, b, v["snapshots"])
         if G2 in self.checks:
             if bound is not None:
                 assert b >= bound[0], (
@@ -2301,6 +2567,18 @@ def step_strategy(topology: Topology, kind: str) -> st.SearchStrategy[Step]:
         return st.builds(Retention, tables, st.integers(1, 3))
     if kind == "reclaim":  # a source batch (an abandoned one's replay) claimed offline
         return st.builds(Run, sources, fail=st.just("offline"), ahead_ms=st.just(INTERVAL_MS))
+    if kind == "revise":
+        return st.builds(Revise, st.sampled_from([j.output for j in topology.derived]), picks)
+    if kind == "run_revision":
+        return st.builds(
+            RunRevision,
+            st.none() | picks,
+            st.sampled_from(["none", "none", "before_commit", "after_commit", "report_later"]),
+        )
+    if kind == "swap":
+        return st.just(Swap())
+    if kind == "cancel_revision":
+        return st.just(CancelRevision())
     if kind == "version_x":  # a table with another job's added output
         return st.builds(
             lambda t, u, back: Version(tuple(sorted({t, f"{u}_x"})), back),
