@@ -132,6 +132,14 @@ def snapshot_lineage(session: Session, table: str, snapshot_id: int) -> Snapshot
             f"snapshot {snapshot_id} of '{table}' was never reported to the MetaService",
             field="snapshot_id",
         )
+    if commit.job_id is None:
+        raise NotFound(
+            f"snapshot {snapshot_id} of '{table}' was written at barrier {commit.barrier} by "
+            "a job since deleted: the table keeps the snapshot's barrier, but the batch and "
+            "what it read were forgotten with the job",
+            field="snapshot_id",
+            code="writer_deleted",
+        )
     job = topo.jobs_by_ids(session, [commit.job_id])[commit.job_id]
     batch = barrier_repo.get_batch(session, commit.job_id, commit.batch_id)
     inputs = barrier_service.batch_view(session, job, batch).inputs if batch is not None else []

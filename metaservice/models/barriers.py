@@ -98,7 +98,10 @@ class BatchInput(Base):
 
 
 class Commit(Base):
-    """A reported commit: one job's batch wrote one table, as one snapshot (or none when empty)."""
+    """A reported commit: one job's batch wrote one table, as one snapshot (or none when empty).
+
+    ``job_id`` is NULL once the job was deleted: the row stays as the table's snapshot at
+    its barrier, which versions already handed out named (topology.service.delete_job)."""
 
     __tablename__ = "commits"
     __table_args__ = (
@@ -119,7 +122,9 @@ class Commit(Base):
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    job_id: Mapped[int | None] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), nullable=True
+    )
     batch_id: Mapped[int] = mapped_column(BigInteger)
     table_id: Mapped[int] = mapped_column(ForeignKey("tables.id", ondelete="CASCADE"))
     barrier: Mapped[int] = mapped_column(BigInteger)

@@ -56,7 +56,13 @@ class Table(Base):
 
     ``writer_first_batch``: the first batch id of the writer that may report the table,
     the writer's next batch when it took the table on (a batch opened before was opened
-    without it, see ``barriers.service.fence``); None: every batch of the writer."""
+    without it, see ``barriers.service.fence``); None: every batch of the writer.
+
+    ``handover_barrier`` and ``handover_kind``: how far the table's last former writer
+    answered for it (its frontier when it stopped writing the table: output removed, or
+    job deleted) and that writer's kind; None while the table never lost a writer. A new
+    writer never stamps the table at or below that barrier, and only a writer that keeps
+    the table's exact barriers takes it on (``topology.service``)."""
 
     __tablename__ = "tables"
 
@@ -71,6 +77,8 @@ class Table(Base):
     log_address: Mapped[str | None] = mapped_column(String(400), nullable=True)
     log_updated_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     writer_first_batch: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    handover_barrier: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    handover_kind: Mapped[str | None] = mapped_column(String(16), nullable=True)
 
 
 class JobInput(Base):

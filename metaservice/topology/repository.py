@@ -195,14 +195,34 @@ def bump_topology_version(session: Session) -> None:
 
 def delete_job(session: Session, job_id: int) -> None:
     """The job's row, its input edges and its barrier history (batches, their plans and
-    inputs, and commit reports).
+    inputs); its commit reports stay, without their job, as the tables' history.
 
     Spelled out rather than left to ON DELETE CASCADE, so it does not depend on
     SQLite's foreign_keys pragma."""
     session.execute(delete(JobInput).where(JobInput.job_id == job_id))
-    session.execute(delete(BatchPlan).where(BatchPlan.job_id == job_id))
+    drop_plans(session, job_id)
     session.execute(delete(BatchInput).where(BatchInput.job_id == job_id))
-    session.execute(delete(Commit).where(Commit.job_id == job_id))
+    # The commits stay as their tables' history: each is the table's snapshot at a
+    # barrier that versions already handed out named. Only the batch is forgotten.
+    session.execute(update(Commit).where(Commit.job_id == job_id).values(job_id=None))
     session.execute(delete(Batch).where(Batch.job_id == job_id))
     session.execute(update(Table).where(Table.writer_id == job_id).values(writer_id=None))
     session.execute(delete(Job).where(Job.id == job_id))
+
+
+def drop_plans(session: Session, job_id: int) -> None:
+    """Every plan made for the job's batches (they were made for its inputs then)."""
+    session.execute(delete(BatchPlan).where(BatchPlan.job_id == job_id))
+
+
+def last_commit_barriers(session: Session, table_ids: Sequence[int]) -> dict[int, int]:
+    """The largest barrier each table was stamped at, by any writer it had (tables
+    without a commit are absent)."""
+    if not table_ids:
+        return {}
+    rows = session.execute(
+        select(Commit.table_id, func.max(Commit.barrier))
+        .where(Commit.table_id.in_(list(table_ids)))
+        .group_by(Commit.table_id)
+    )
+    return {table_id: barrier for table_id, barrier in rows}

@@ -205,7 +205,10 @@ class TableView(BaseModel):
 class SnapshotView(BaseModel):
     snapshot_id: int | None = Field(description="None for a batch that wrote no rows")
     barrier: int
-    job: str
+    job: str | None = Field(
+        description="the job that wrote it; None once that job was deleted (the table "
+        "keeps its history)"
+    )
     batch_id: int
     reported_ms: int
 

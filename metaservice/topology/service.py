@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import networkx as nx
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
@@ -14,7 +12,7 @@ from metaservice.barriers import frontiers as fr
 from metaservice.barriers import repository as barrier_repo
 from metaservice.context import Context
 from metaservice.errors import Conflict, Invalid, NotFound
-from metaservice.logstore.client import LogApiError, LogClient, LogUnavailable
+from metaservice.logstore.probe import LogProbe, ProbeAnswer
 from metaservice.models import DERIVED, SOURCE, Commit, Job, JobInput, Table
 from metaservice.names import check_job_name, check_table_name
 from metaservice.revisions import repository as revision_repo
@@ -33,11 +31,6 @@ from metaservice.topology.schemas import (
     TableLogView,
     TableView,
 )
-
-# How long asking a table's log service may take (to connect, and then to answer): a log
-# service that is down or hangs (the driver of an embedded one died) costs a console page
-# or `metaservice log status` about this, not a request timeout.
-LOG_STATUS_TIMEOUT_S = 2.0
 
 
 def put_job(session: Session, ctx: Context, name: str, spec: JobSpec) -> tuple[JobView, bool]:
@@ -485,19 +478,12 @@ def table_log(session: Session, name: str) -> TableLogView:
     return view
 
 
-def table_log_status(
-    name: str, log: TableLogView, *, timeout: float = LOG_STATUS_TIMEOUT_S
-) -> TableLogStatus:
-    """What the table's log services hold now. Called outside any database session: the
-    answer may take up to ``timeout`` (the services are asked at once), and a connection
-    is not held for it."""
-    if len(log.addresses) == 1:
-        services = [service_log_status(name, log.addresses[0], timeout=timeout)]
-    else:
-        with ThreadPoolExecutor(max_workers=len(log.addresses)) as pool:
-            services = list(
-                pool.map(lambda a: service_log_status(name, a, timeout=timeout), log.addresses)
-            )
+async def table_log_status(name: str, log: TableLogView, probe: LogProbe) -> TableLogStatus:
+    """What the table's log services hold now, asked at once within the probe's one
+    deadline (:mod:`metaservice.logstore.probe`: only services that prove who they are,
+    bounded answers, no foreign body echoed). Called outside any database session."""
+    answers = await probe.status(name, log.addresses)
+    services = [_service_status(answer) for answer in answers]
     failed = [s for s in services if s.error is not None]
     return TableLogStatus(
         **log.model_dump(),
@@ -509,30 +495,16 @@ def table_log_status(
     )
 
 
-def service_log_status(
-    name: str, address: str, *, timeout: float = LOG_STATUS_TIMEOUT_S
-) -> LogServiceStatus:
-    """What one log service holds of the table now."""
-
-    def answer(
-        status: LogStatus | None, error: str | None, reachable: bool = True
-    ) -> LogServiceStatus:
-        return LogServiceStatus(address=address, reachable=reachable, status=status, error=error)
-
-    try:
-        with LogClient(address, timeout=timeout) as client:
-            found = client.status(name)
-    except (LogUnavailable, httpx.HTTPError) as exc:  # refused, timed out, a 5xx
-        return answer(None, str(exc), reachable=False)
-    except LogApiError as exc:  # 404 log_table_unknown: its writer has not appended there
-        return answer(None, exc.message)
-    except (ValueError, KeyError, TypeError):
-        found = []  # not JSON of the log service: something else listens there
-    try:
-        return answer(LogStatus.model_validate(found[0]), None)
-    except (ValueError, IndexError):
-        # Not echoed: the body is whatever answers at an address a writer published.
-        return answer(None, f"{address} did not answer with a log status")
+def _service_status(answer: ProbeAnswer) -> LogServiceStatus:
+    status, error = None, answer.error
+    if answer.status is not None:
+        try:
+            status = LogStatus.model_validate(answer.status)
+        except ValueError:
+            error = f"{answer.address} did not answer with a log status"
+    return LogServiceStatus(
+        address=answer.address, reachable=answer.reachable, status=status, error=error
+    )
 
 
 def table_snapshots(

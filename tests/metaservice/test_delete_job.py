@@ -17,17 +17,18 @@ from tests.metaservice.helpers import (
 )
 
 
-def test_deleting_a_job_removes_it_its_edges_and_its_history(
+def test_deleting_a_job_removes_it_and_its_edges_and_its_tables_keep_their_history(
     client: TestClient, clock: ManualClock
 ) -> None:
-    source_and_derived(client, clock)
+    barriers = source_and_derived(client, clock)
     r = client.delete(f"{API}/jobs/der")
     assert r.status_code == 204, r.text
     assert_error(client.get(f"{API}/jobs/der"), 404, "not_found")
     assert [j["name"] for j in get_json(client, "/jobs")["items"]] == ["src"]
     detail = get_json(client, "/tables/dw.detail")
-    assert (detail["writer"], detail["frontier"], detail["latest_snapshot"]) == (None, None, None)
-    assert get_json(client, "/tables/dw.detail/snapshots")["total"] == 0
+    assert (detail["writer"], detail["frontier"], detail["latest_snapshot"]) == (None, None, 201)
+    [kept] = get_json(client, "/tables/dw.detail/snapshots")["items"]
+    assert (kept["snapshot_id"], kept["barrier"], kept["job"]) == (201, barriers["der0"], None)
     assert get_json(client, "/tables/ods.orders")["readers"] == []
     graph = get_json(client, "/lineage", table="ods.orders", direction="downstream")
     assert [n["name"] for n in graph["nodes"]] == ["ods.orders"]  # der is gone
@@ -35,7 +36,9 @@ def test_deleting_a_job_removes_it_its_edges_and_its_history(
     clock.advance(1000)
     run_batch(client, "src", 2, {"ods.orders": 103})
     assert consistent(client, "ods.orders").status_code == 200
-    assert put_job(client, "der2", ["dw.detail"], inputs=["ods.orders"])["frontier"] == 0
+    # ... which starts above the table's history (its first batch starts after it)
+    view = put_job(client, "der2", ["dw.detail"], inputs=["ods.orders"])
+    assert view["frontier"] == barriers["der0"]
 
 
 def test_a_job_whose_outputs_are_read_is_not_deleted(
