@@ -425,6 +425,31 @@ class CancelRevision(Compact):
     """DELETE /revisions/{id}: the mirrors and the revision's jobs are dropped."""
 
 
+@dataclass(frozen=True, repr=False)
+class ExpireNow(Compact):
+    """POST /tables/{table}/expire, a dry run first: the run removes what the dry run
+    listed, nothing in use, and no version or lease is handed out on it afterwards."""
+
+    table: str
+
+
+@dataclass(frozen=True, repr=False)
+class Tag(Compact):
+    """POST /versions/tags: publish the consistent version of some tables (at or before
+    now - back_ms), ending after ``retain_s`` seconds (None: kept until deleted)."""
+
+    tables: tuple[str, ...]
+    back_ms: int | None = None
+    retain_s: int | None = None
+
+
+@dataclass(frozen=True, repr=False)
+class DropTag(Compact):
+    """DELETE /versions/tags/{name} of one of the tags made so far."""
+
+    pick: int = 0
+
+
 Step = (
     Advance
     | Tick
@@ -454,6 +479,9 @@ Step = (
     | RunRevision
     | Swap
     | CancelRevision
+    | ExpireNow
+    | Tag
+    | DropTag
 )
 
 # Steps that change the service's state beyond job progress: after each, every answer
@@ -472,6 +500,9 @@ STATE_CHANGES = (
     Revise,
     Swap,
     CancelRevision,
+    ExpireNow,
+    Tag,
+    DropTag,
 )
 
 
@@ -781,6 +812,8 @@ class Simulation:
         self.memo: dict[tuple[tuple[str, ...], int], tuple[int, dict[str, int | None]]] = {}
         self._memo_turn = 0
         self.keep_last: dict[str, int] = {}  # retention set per table
+        self.expired: dict[str, set[int]] = {}  # per table: snapshots an expiry removed
+        self.tags: dict[str, tuple[int | None, dict[str, int | None]]] = {}  # ends, snapshots
         self._snapshot_ids = itertools.count(1_000_001, 7)
         self._row_seq = itertools.count()
         self._incarnations = itertools.count(1)
@@ -912,6 +945,13 @@ class Simulation:
                 return self.swap()
             case CancelRevision():
                 return self.cancel_revision()
+            case ExpireNow(table):
+                return self.expire_now(table)
+            case Tag(tables, back_ms, retain_s):
+                at = None if back_ms is None else max(0, self.now() - back_ms)
+                return self.tag(tables, at, retain_s)
+            case DropTag(pick):
+                return self.drop_tag(pick)
         raise AssertionError(f"unknown step {step!r}")
 
     def step(self, step: Step) -> Any:
@@ -2097,6 +2137,77 @@ class Simulation:
         self.stats["revision cancelled"] += 1
         return "cancelled"
 
+    # ------------------------------------------------------------------ expiry and tags
+
+    def expire_now(self, table: str) -> str:
+        """Expire the table's unused snapshots for real, after a dry run."""
+        if self._lake is None:
+            return "no Iceberg tables"
+        self.expiry(table)  # the plan: G5 on what it lists
+        path = f"/tables/{table}/expire"
+        r = self.edit("POST", path, 200, json={"dry_run": True})
+        if r.status_code == 409:
+            return f"refused: {r.json()['code']}"
+        dry = r.json()
+        r = self.edit("POST", path, 200, json={"dry_run": False})
+        if r.status_code == 409:
+            return f"refused: {r.json()['code']}"
+        done = r.json()
+        listed = sorted(s["snapshot_id"] for s in dry["snapshots"])
+        removed = sorted(s["snapshot_id"] for s in done["snapshots"])
+        assert removed == listed, (
+            f"the expiry of {table} removed {removed}; its dry run, with nothing changed in "
+            f"between, listed {listed} (held by refs: dry {dry['held_by_refs']}, run "
+            f"{done['held_by_refs']})"
+        )
+        in_use = self.in_use(table)
+        wrong = {s: in_use[s] for s in removed if s in in_use}
+        assert not wrong, f"G5: the expiry of {table} removed snapshots in use: {wrong}; {done}"
+        self.expired.setdefault(table, set()).update(removed)
+        if removed:
+            self.stats["snapshots expired"] += 1
+        self.log(f"expired {table}: {removed}")
+        return "expired"
+
+    def tag(self, tables: Sequence[str], at_or_before: int | None, retain_s: int | None) -> str:
+        """Publish a consistent version as a tag: the version, and kept while it lives."""
+        if self._lake is None:
+            return "no Iceberg tables"
+        written = {t for _, js in self.live() for t in js.outputs}
+        if not set(tables) <= written:
+            return "no such table"
+        name = f"tag{len(self.tags)}"
+        body: dict[str, Any] = {"name": name, "tables": list(tables)}
+        if at_or_before is not None:
+            body["at_or_before"] = at_or_before
+        if retain_s is not None:
+            body["retain_seconds"] = retain_s
+        r = self.call("POST", "/versions/tags", {201, 409}, json=body)
+        if r.status_code == 409:
+            assert r.json()["code"] in {"no_consistent_version", "expired"}, r.text
+            return "no version"
+        view = r.json()
+        b, snapshots = view["barrier"], view["snapshots"]
+        assert set(snapshots) == set(tables) and (at_or_before is None or b <= at_or_before), view
+        if G1 in self.checks:
+            self.check_exact(snapshots, b, f"tag {view}")
+        for t, s in snapshots.items():
+            assert s not in self.expired.get(t, ()), f"G5: tag {view} names expired {s} of {t}"
+        # A tag is a consistent version handed out: the same as versions answer.
+        self._remember(tuple(sorted(tables)), None, b, snapshots)
+        self.tags[name] = (view["expires_ms"], dict(snapshots))
+        self.stats["tag published"] += 1
+        self.log(f"tag {view}")
+        return "tagged"
+
+    def drop_tag(self, pick: int = 0) -> str:
+        if not self.tags:
+            return "no tag"
+        name = sorted(self.tags)[pick % len(self.tags)]
+        self.call("DELETE", f"/versions/tags/{name}", {200, 204, 404})
+        del self.tags[name]
+        return "dropped"
+
     # ------------------------------------------------------------------ G1, G2
 
     def oracle(self, table: str, barrier: int, _memo: dict | None = None) -> Counter:
@@ -2242,6 +2353,9 @@ class Simulation:
         for t, s in v["snapshots"].items():
             self.complete[t] = max(self.complete.get(t, 0), b)
             if G5 in self.checks:
+                assert s not in self.expired.get(t, ()), (
+                    f"G5: version {v} names snapshot {s} of {t}, expired"
+                )
                 assert s not in self.reserved.get(t, ()), (
                     f"G5: version {v} names snapshot {s} of {t}, reserved for expiry"
                 )
@@ -2291,6 +2405,11 @@ class Simulation:
             )
             got = r.json()
             if r.status_code == 409 and got.get("code") == "expired":
+                assert any(s in self.expired.get(t, ()) for t, s in snapshots.items()), (
+                    f"the consistent version of {key} at or before {at} was answered "
+                    f"{(b, snapshots)}; after {after or 'a step'} it is refused as expired, "
+                    "though none of its snapshots was expired"
+                )
                 continue
             now = (got.get("barrier"), got.get("snapshots")) if r.status_code == 200 else got
             assert now == (b, snapshots), (
@@ -2351,6 +2470,10 @@ class Simulation:
         if not reported:
             return reasons
         reasons.setdefault(reported[-1].snapshot_id, []).append("current")
+        for name, (ends, snapshots) in self.tags.items():
+            snapshot = snapshots.get(table)
+            if snapshot is not None and (ends is None or ends > self.now()) and ts.has(snapshot):
+                reasons.setdefault(snapshot, []).append(f"tag {name}")
         keep = self.keep_last.get(table, 0)
         for snapshot in reported[len(reported) - keep :] if keep else []:
             reasons.setdefault(snapshot.snapshot_id, []).append(f"retention keep_last {keep}")
@@ -2375,7 +2498,10 @@ class Simulation:
             plan = self.call("GET", f"/tables/{table}/expirable", {200}).json()
         listed = [p["snapshot_id"] for p in plan["expirable"]]
         kept = [p["snapshot_id"] for p in plan["kept"]]
-        reported = [s.snapshot_id for s in self.tables[table].reported()]
+        gone = self.expired.get(table, set())
+        reported = [
+            s.snapshot_id for s in self.tables[table].reported() if s.snapshot_id not in gone
+        ]
         assert listed + kept == reported, f"plan of {table} {plan} vs reported {reported}"
         self.log(f"expiry {table}: expirable {listed}" + (" (reserved)" if reserve else ""))
         if G5 in self.checks:
@@ -2579,6 +2705,17 @@ def step_strategy(topology: Topology, kind: str) -> st.SearchStrategy[Step]:
         return st.just(Swap())
     if kind == "cancel_revision":
         return st.just(CancelRevision())
+    if kind == "expire_now":
+        return st.builds(ExpireNow, tables)
+    if kind == "tag":
+        return st.builds(
+            Tag,
+            st.lists(tables, min_size=1, max_size=3, unique=True).map(lambda ts: tuple(sorted(ts))),
+            st.none() | st.integers(0, 6000),
+            st.none() | st.integers(1, 10),
+        )
+    if kind == "drop_tag":
+        return st.builds(DropTag, picks)
     if kind == "version_x":  # a table with another job's added output
         return st.builds(
             lambda t, u, back: Version(tuple(sorted({t, f"{u}_x"})), back),

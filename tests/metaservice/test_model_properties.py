@@ -52,6 +52,7 @@ from tests.metaservice.simulation import (
     Abandon,
     Advance,
     ChangeInputs,
+    ExpireNow,
     Expiry,
     Flush,
     Frontiers,
@@ -68,12 +69,14 @@ from tests.metaservice.simulation import (
     ReportIn,
     Reregister,
     ResetQuery,
+    Retention,
     Revise,
     Run,
     RunRevision,
     Simulation,
     Step,
     Swap,
+    Tag,
     Tick,
     Topology,
     Version,
@@ -1494,4 +1497,78 @@ def test_revisions_keep_every_answer(backend: str, scenario: Scenario) -> None:
     match the oracle, answers given are answered again unchanged (those naming a
     revised table until its swap), no version goes back at the swap, a report queued
     across the swap lands, and a refused step changes nothing."""
+    play(backend, scenario, iceberg=True)
+
+
+LIFECYCLE_WEIGHTS = {
+    "advance": 3,
+    "run": 4,
+    "tick": 4,
+    "version": 3,
+    "lease": 2,
+    "release": 1,
+    "expiry": 1,
+    "expire_now": 3,
+    "tag": 2,
+    "drop_tag": 1,
+    "retention": 2,
+    "revise": 1,
+    "run_revision": 3,
+    "swap": 1,
+}
+
+# f1 (lifecycle): a tag that has ended still holds its Iceberg tag: the dry run and the
+# run that follows it must agree on what goes.
+EXPIRY_AFTER_A_TAG_ENDED = Scenario(
+    Topology((_S0, _D0)),
+    (
+        Run("src0"),
+        Advance(1000),
+        Run("src0"),
+        Advance(1000),
+        Tag(("ods.s0",), retain_s=5),
+        Run("src0"),
+        Advance(1000),
+        Run("src0"),
+        Advance(1000),
+        Run("der0"),
+        Advance(10_000),
+        Run("src0"),
+        Advance(1000),
+        Run("der0"),
+        ExpireNow("ods.s0"),
+        Version(("dw.d0", "ods.s0")),
+    ),
+)
+
+# f3 (lifecycle): a table's retention follows its name through a swap.
+RETENTION_ACROSS_A_SWAP = Scenario(
+    Topology((_S0, _D0)),
+    (
+        Retention("dw.d0", keep_last=3),
+        *[Tick(("src0", "der0"))] * 3,
+        Revise("dw.d0"),
+        *[Tick(("src0", "der0")), RunRevision()] * 3,
+        Swap(),
+        RunRevision(),
+        Swap(),
+        *[Tick(("src0", "der0"))] * 4,
+        Expiry("dw.d0"),
+        ExpireNow("dw.d0"),
+    ),
+)
+
+
+@pytest.mark.slow
+@_settings(examples=6)
+@given(scenario=scenarios(LIFECYCLE_WEIGHTS, min_steps=10, max_steps=30, max_derived=3))
+@example(scenario=EXPIRY_AFTER_A_TAG_ENDED)
+@example(scenario=RETENTION_ACROSS_A_SWAP)
+def test_expiry_tags_and_retention_keep_every_answer(backend: str, scenario: Scenario) -> None:
+    """Snapshots expired for real (after a dry run that must list exactly what the run
+    removes), tags published and dropped, retention set, leases taken, revisions swapped,
+    on real Iceberg tables: nothing in use is expired (current, leased, a reader's
+    start, retained, tagged), no version, lease or tag names an expired snapshot, a tag
+    is the consistent version, and every answer given is answered again unchanged
+    unless a snapshot it named was expired since."""
     play(backend, scenario, iceberg=True)
