@@ -47,7 +47,7 @@ from sqlalchemy.orm import Session
 from metaservice.catalog_steps import Step, StepBlocked, resume
 from metaservice.context import Context
 from metaservice.db import Database, normalise_url
-from metaservice.errors import Conflict
+from metaservice.errors import Conflict, ServiceError
 from metaservice.lifecycle import expiry  # a module: lifecycle.service imports this one
 from metaservice.models.revisions import SWAPPED
 from metaservice.revisions import replaced_logs, service
@@ -109,7 +109,7 @@ def swap_revision(
         logs: list[service.ReplacedLog] = []
         if started.state != SWAPPED:
             if catalog is not None:
-                _check_catalog(catalog, started)
+                _check_catalog_or_unavailable(catalog, started)
             done = _swap_records(db, ctx, revision_id, wait_seconds, in_catalog)
             if done is None:
                 return db.read(lambda session: service.get_revision(session, ctx, revision_id))
@@ -190,6 +190,21 @@ def journal_of(renames: list[service.Renamed]) -> list[Journaled]:
         Journaled(position, source, target, moves, False)
         for position, (source, target, moves) in enumerate([*away, *into])
     ]
+
+
+def _check_catalog_or_unavailable(catalog: Catalog, revision: RevisionView) -> None:
+    try:
+        _check_catalog(catalog, revision)
+    except ServiceError:
+        raise
+    except Exception as exc:
+        log.warning("looking up the tables of revision %d failed", revision.id, exc_info=exc)
+        raise expiry.CatalogUnavailable(
+            f"looking up the tables of revision {revision.id} in the catalog failed: "
+            f"{_first_line(exc)}. Nothing was swapped yet (the original writers stay "
+            f"stopped); POST /api/v1/revisions/{revision.id}/swap again once the catalog is "
+            "reachable"
+        ) from exc
 
 
 def _check_catalog(catalog: Catalog, revision: RevisionView) -> None:
@@ -313,9 +328,9 @@ def _first_line(exc: BaseException) -> str:
 
 
 def refuse_unfinished_swap(session: Session, tables: list[str], doing: str) -> None:
-    """409 ``swap_unfinished`` when a swap's catalog renames not yet done name one of
-    ``tables``: the catalog's table of that name may not be the one the MetaService
-    names. ``doing``: what is refused (``expiring``, ``revising``)."""
+    """409 ``swap_unfinished`` when one of ``tables`` is named by a swap whose catalog
+    renames are not all done yet: the catalog's table of that name may not be the one the
+    MetaService names. ``doing``: what is refused (``expiring``, ``revising``)."""
     pending = journal.unfinished_naming(session, tables)
     if pending:
         name, revision_id = sorted(pending.items())[0]

@@ -70,17 +70,18 @@ def mark_done(session: Session, revision_id: int, position: int, now_ms: int) ->
 
 
 def unfinished_naming(session: Session, tables: Sequence[str]) -> dict[str, int]:
-    """Those of ``tables`` that a step not yet done renames from or to, with the revision
-    whose swap it is."""
+    """Those of ``tables`` that a step of an unfinished journal (one with a step not yet
+    done) renames from or to, with the revision whose swap it is."""
     if not tables:
         return {}
+    unfinished = select(RevisionSwapStep.revision_id).where(RevisionSwapStep.done_ms.is_(None))
     rows = session.execute(
         select(RevisionSwapStep.revision_id, RevisionSwapStep.source, RevisionSwapStep.target)
         .where(
-            RevisionSwapStep.done_ms.is_(None),
+            RevisionSwapStep.revision_id.in_(unfinished),
             or_(RevisionSwapStep.source.in_(tables), RevisionSwapStep.target.in_(tables)),
         )
-        .order_by(RevisionSwapStep.revision_id)
+        .order_by(RevisionSwapStep.revision_id, RevisionSwapStep.position)
     )
     wanted = set(tables)
     found: dict[str, int] = {}
