@@ -990,7 +990,7 @@ def register(
         raise BarrierConfigError(f"MetaService refused job '{job}': {exc.message}") from exc
     for name, (schema, spec) in missing.items():
         ensure_table(catalog, name, schema, partition_by=spec)
-    job_log = open_job_log(spark, log_mode, log_url)
+    job_log = open_job_log(spark, log_mode, log_url, client)
     if job_log is not None:
         try:
             job_log.open(

@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
@@ -75,6 +75,7 @@ class LogTarget:
     barrier: int
     batch_id: int
     routing: Routing | None = None
+    token: str | None = field(default=None, repr=False)  # the job's, for a log that checks
 
     @property
     def url(self) -> str:
@@ -84,7 +85,7 @@ class LogTarget:
         """Append a chunk of the batch (in a write task: on an executor, or on the driver
         for a small batch). Never fails the write: the log is a copy, and the snapshot
         the batch commits is the truth readers fall back to."""
-        from metaservice.logstore import LogApiError, LogError, LogWriter
+        from metaservice.logstore import LogApiError, LogError, LogFullError, LogWriter
 
         if self.routing is None or len(self.urls) == 1:
             parts = [(0, rows)]
@@ -93,10 +94,16 @@ class LogTarget:
         for service, part in parts:
             url = self.urls[service]
             try:
-                with LogWriter(url) as writer:
+                with LogWriter(url, token=self.token) as writer:
                     writer.append(
                         self.table, barrier=self.barrier, batch_id=self.batch_id, rows=part
                     )
+            except LogFullError as exc:
+                log.warning(
+                    "log of %s at %s is full, batch %d goes to the table only (readers read "
+                    "its snapshot): %s",
+                    self.table, url, self.batch_id, exc.message,
+                )  # fmt: skip
             except LogApiError as exc:
                 if exc.code != _ALREADY_PERSISTED:
                     log.warning("log of %s refused batch %d: %s", self.table, self.batch_id, exc)
@@ -115,7 +122,7 @@ class LogTarget:
         files: list[str] = []
         for url in self.urls:
             try:
-                with LogWriter(url) as writer:
+                with LogWriter(url, token=self.token) as writer:
                     files += writer.claim_spilled(self.table, batch_id=self.batch_id)
             except LogError as exc:
                 log.warning(
@@ -133,7 +140,12 @@ class JobLog:
     reset, marked and asked for spilled files alike."""
 
     def __init__(
-        self, mode: LogMode, url: str | Sequence[str], *, embedded: LogService | None = None
+        self,
+        mode: LogMode,
+        url: str | Sequence[str],
+        *,
+        embedded: LogService | None = None,
+        token: str | None = None,
     ) -> None:
         from metaservice.logstore import LogWriter
 
@@ -142,7 +154,8 @@ class JobLog:
         if not self.urls:
             raise ValueError("a log needs at least one log service")
         self._embedded = embedded
-        self._writers = [LogWriter(u) for u in self.urls]
+        self._token = token  # the job's writer token: log services that check tokens take it
+        self._writers = [LogWriter(u, token=token) for u in self.urls]
         self._routing: dict[str, Routing] = {}
 
     @property
@@ -151,7 +164,9 @@ class JobLog:
         return " ".join(self.urls)
 
     def target(self, table: str, barrier: int, batch_id: int) -> LogTarget:
-        return LogTarget(self.urls, table, barrier, batch_id, self._routing.get(table))
+        return LogTarget(
+            self.urls, table, barrier, batch_id, self._routing.get(table), token=self._token
+        )
 
     def open(
         self,
@@ -300,15 +315,25 @@ def check_log_options(mode: str | None, url: LogUrl | None, *, job: str) -> None
         )
 
 
-def open_job_log(spark: SparkSession, mode: str | None, url: LogUrl | None) -> JobLog | None:
-    """The job's log as ``register`` asks (after :func:`check_log_options`; None: no log)."""
+def open_job_log(
+    spark: SparkSession,
+    mode: str | None,
+    url: LogUrl | None,
+    metaservice: MetaServiceClient | None = None,
+) -> JobLog | None:
+    """The job's log as ``register`` asks (after :func:`check_log_options`; None: no log).
+    The job's token (``metaservice``'s) goes with every call to the log services, and an
+    embedded log checks its callers' tokens with that MetaService when the job has one."""
+    from metaservice.logstore.client import token_of
+
     if mode is None:
         return None
+    token = token_of(metaservice) if metaservice is not None else None
     if mode == "external":
         assert url is not None  # checked
-        return JobLog("external", log_urls(url))
-    service = _acquire_embedded(spark)
-    return JobLog("embedded", service.url, embedded=service)
+        return JobLog("external", log_urls(url), token=token)
+    service = _acquire_embedded(spark, metaservice.url if metaservice else None, token)
+    return JobLog("embedded", service.url, embedded=service, token=token)
 
 
 def _check_log_reachable(job: str, url: str) -> None:
@@ -331,18 +356,29 @@ _embedded: LogService | None = None
 _embedded_users = 0
 
 
-def _acquire_embedded(spark: SparkSession) -> LogService:
+def _acquire_embedded(
+    spark: SparkSession, metaservice_url: str | None, token: str | None
+) -> LogService:
+    """The driver's log service: on loopback for a local master, else on every interface
+    (executors on other hosts reach it), which it refuses without a token to check
+    callers with. With a token it checks every caller's with the MetaService."""
     global _embedded, _embedded_users
+    from metaservice.logstore.auth import LogAuth, LogAuthError
     from metaservice.logstore.server import LogService
+    from spark_barrier.job import BarrierConfigError
 
     with _embedded_lock:
         if _embedded is None:
             local = (spark.sparkContext.master or "local").startswith("local")
             # Executors on other hosts reach the driver by the name Spark gives it.
             host = "127.0.0.1" if local else spark.conf.get("spark.driver.host", "127.0.0.1")
-            _embedded = LogService(
-                host="127.0.0.1" if local else "0.0.0.0", advertised_host=host
-            ).start()
+            auth = LogAuth(metaservice_url, token=token) if metaservice_url and token else None
+            try:
+                _embedded = LogService(
+                    host="127.0.0.1" if local else "0.0.0.0", advertised_host=host, auth=auth
+                ).start()
+            except LogAuthError as exc:
+                raise BarrierConfigError(f'log="embedded": {exc}') from exc
         _embedded_users += 1
         return _embedded
 

@@ -53,3 +53,7 @@ def writer_of_table(session: Session, table: str) -> str | None:
     return session.execute(
         select(Job.name).join(Table, Table.writer_id == Job.id).where(Table.name == table)
     ).scalar_one_or_none()
+
+
+def by_id(session: Session, token_id: int) -> ApiToken | None:
+    return session.get(ApiToken, token_id)

@@ -6,6 +6,8 @@ services); ``start`` runs the server's code, imported inside the command.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -20,7 +22,15 @@ from metaservice.cli_output import (
     UrlOption,
 )
 from metaservice.client import MetaServiceClient, MetaServiceError, NotFoundError
-from metaservice.logstore.store import DEFAULT_KEEP_BARRIERS, DEFAULT_MAX_BYTES
+from metaservice.logstore.store import (
+    DEFAULT_KEEP_BARRIERS,
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_SPILL_BYTES,
+)
+from metaservice.logstore.wire import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_INFLATED_BYTES,
+)
 from metaservice.topology.schemas import LogServiceStatus, LogStatus, TableLogStatus
 
 app = typer.Typer(
@@ -104,14 +114,66 @@ def start(
             "(repeat for several)",
         ),
     ] = None,
+    max_spill_bytes: Annotated[
+        int,
+        typer.Option(
+            "--max-spill-bytes",
+            parser=parse_bytes,
+            metavar="SIZE",
+            help="Spill space per table, e.g. 4G: past it (and --max-bytes) appends are "
+            "refused (log_full) and the log falls behind; readers read snapshots",
+        ),
+    ] = DEFAULT_MAX_SPILL_BYTES,
+    max_body_bytes: Annotated[
+        int,
+        typer.Option(
+            "--max-body-bytes",
+            parser=parse_bytes,
+            metavar="SIZE",
+            help="Largest append body, refused (413) while it streams",
+        ),
+    ] = DEFAULT_MAX_BODY_BYTES,
+    max_inflated_bytes: Annotated[
+        int,
+        typer.Option(
+            "--max-inflated-bytes",
+            parser=parse_bytes,
+            metavar="SIZE",
+            help="Most an append's rows may take once decoded (a compressed body, 413 past it)",
+        ),
+    ] = DEFAULT_MAX_INFLATED_BYTES,
+    metaservice_url: Annotated[
+        str | None,
+        typer.Option(
+            "--metaservice-url",
+            envvar="METASERVICE_URL",
+            metavar="URL",
+            help="Check every caller's bearer token with this MetaService (run it with "
+            "--auth-required): writers to write, readers to read. Needed to listen beyond "
+            "127.0.0.1",
+        ),
+    ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--token-file",
+            metavar="FILE",
+            help="A file holding this log service's own writer token, with which it proves "
+            "to the MetaService that it is a log service (so that the MetaService accepts "
+            "and asks its address); or the METASERVICE_TOKEN environment variable",
+        ),
+    ] = None,
 ) -> None:
     """Run a standalone log service (log="external") until Ctrl-C.
 
     Writers append to it and readers follow it by table; each table's writer publishes
-    this address to the MetaService (PUT /api/v1/tables/{table}/log).
+    this address to the MetaService (PUT /api/v1/tables/{table}/log). Beyond 127.0.0.1
+    it checks every caller's token with the MetaService (--metaservice-url), and refuses
+    to start without.
     """
     try:
-        from metaservice.logstore.server import serve
+        from metaservice.logstore.auth import LogAuth, LogAuthError
+        from metaservice.logstore.server import BodyLimits, serve
         from metaservice.logstore.store import LogStore
     except ModuleNotFoundError as exc:
         raise fmt.fail(
@@ -124,15 +186,41 @@ def start(
         max_bytes=max_bytes,
         spill_root=spill_dir,
         spill_properties=_properties(spill_property or []),
+        max_spill_bytes=max_spill_bytes,
     )
-    spills = f"spills to {spill_dir}" if spill_dir else "no spill folder"
+    token = _own_token(token_file)
+    auth = LogAuth(metaservice_url, token=token) if metaservice_url else None
+    if token and auth is None:
+        raise fmt.fail("a token is given without --metaservice-url: give the MetaService's URL")
+    spills = (
+        f"spills to {spill_dir}, up to {shown_bytes(max_spill_bytes)} per table"
+        if spill_dir
+        else "no spill folder"
+    )
+    checks = f"checks tokens with {metaservice_url}" if auth else "no auth: loopback only"
     typer.echo(
         f"log service on http://{host}:{port} (keeps unpersisted rows + {keep_barriers} "
-        f"persisted barriers, {shown_bytes(max_bytes)} per table, {spills}); Ctrl-C stops it",
+        f"persisted barriers, {shown_bytes(max_bytes)} per table, {spills}; {checks}); "
+        "Ctrl-C stops it",
         err=True,
     )
-    serve(store, host=host, port=port)
+    limits = BodyLimits(body_bytes=max_body_bytes, inflated_bytes=max_inflated_bytes)
+    try:
+        serve(store, host=host, port=port, auth=auth, limits=limits)
+    except LogAuthError as exc:
+        raise fmt.fail(str(exc)) from None
     typer.echo("log service stopped", err=True)
+
+
+def _own_token(token_file: Path | None) -> str | None:
+    if token_file is None:
+        return os.environ.get("METASERVICE_TOKEN") or None
+    try:
+        return token_file.read_text().strip() or None
+    except OSError as exc:
+        raise typer.BadParameter(
+            f"cannot read {token_file}: {exc}", param_hint="--token-file"
+        ) from None
 
 
 def _properties(pairs: list[str]) -> dict[str, str]:

@@ -16,7 +16,13 @@ Errors:
     ├── LogUnavailable      the log service could not be reached, or answered 5xx
     └── LogApiError         4xx; .status, .code, .message, .field
         ├── LogGoneError    410: the position is older than what the log holds
-        └── LogResetError   409 log_reset: the log's epoch changed (a writer restarted)
+        ├── LogResetError   409 log_reset: the log's epoch changed (a writer restarted)
+        └── LogFullError    409 log_full: the log is at its bounds; the batch goes to the
+                            table only (the log falls behind, readers read snapshots)
+
+A log service that checks tokens (``metaservice log start --metaservice-url``) answers
+401/403 without a fitting one: give ``token=`` (register(..., token=...) does for its
+writers, :meth:`LogReader.from_metaservice` takes the MetaService client's).
 """
 
 from __future__ import annotations
@@ -32,10 +38,13 @@ from metaservice.logstore import wire
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from metaservice.client import MetaServiceClient
+
 __all__ = [
     "LogApiError",
     "LogClient",
     "LogError",
+    "LogFullError",
     "LogGoneError",
     "LogRead",
     "LogResetError",
@@ -66,6 +75,10 @@ class LogResetError(LogApiError):
     pass
 
 
+class LogFullError(LogApiError):
+    pass
+
+
 @dataclass(frozen=True)
 class LogRead:
     """One read's answer: rows (with the offset columns) or None, and where to go on."""
@@ -79,19 +92,22 @@ class LogRead:
 
 
 class _Http:
-    """A lazily built connection pool; pickles to its URL (for Spark executors)."""
+    """A lazily built connection pool; pickles to its URL and token (for Spark executors).
+    ``token``: a bearer token the MetaService accepts (a writer's to write, a reader's to
+    read), for a log service that checks them."""
 
-    def __init__(self, url: str, timeout: float = 10.0) -> None:
+    def __init__(self, url: str, timeout: float = 10.0, *, token: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self._token = token
         self._client: httpx.Client | None = None
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "timeout": self.timeout}
+        return {"url": self.url, "timeout": self.timeout, "token": self._token}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["url"], state["timeout"])  # type: ignore[misc]
+        self.__init__(state["url"], state["timeout"], token=state.get("token"))  # type: ignore[misc]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
@@ -99,8 +115,9 @@ class _Http:
     def _http(self) -> httpx.Client:
         with self._lock:
             if self._client is None:
+                headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
                 self._client = httpx.Client(
-                    base_url=self.url + wire.API_PREFIX, timeout=self.timeout
+                    base_url=self.url + wire.API_PREFIX, timeout=self.timeout, headers=headers
                 )
             return self._client
 
@@ -141,6 +158,8 @@ def _error_for(response: httpx.Response) -> LogApiError:
     cls = LogGoneError if response.status_code == 410 else LogApiError
     if code == wire.RESET_CODE:
         cls = LogResetError
+    elif code == wire.FULL_CODE:
+        cls = LogFullError
     message = str(body.get("message", response.text[:300]))
     return cls(response.status_code, code, message, body.get("field"))
 
@@ -245,6 +264,12 @@ class LogClient(_Http):
         """Each table's log: epoch, entries, bytes, first and last offsets, readers."""
         params = {"table": table} if table else {}
         return list(self._send("GET", "/status", params=params).json()["tables"])
+
+
+def token_of(metaservice: MetaServiceClient) -> str | None:
+    """The bearer token a MetaService client sends (None: none), for its log services."""
+    auth = metaservice._http.headers.get("Authorization", "")
+    return auth.removeprefix("Bearer ") or None
 
 
 def _optional_int(raw: str | None) -> int | None:

@@ -67,6 +67,7 @@ from metaservice.logstore.client import (
     LogRead,
     LogResetError,
     LogUnavailable,
+    token_of,
 )
 from metaservice.logstore.snapshots import rows_after
 
@@ -111,7 +112,8 @@ class LogReader:
     ``resolve`` (given by :meth:`from_metaservice`) answers where the table's log is now
     (:class:`LogNotEnabled`: nowhere); it is asked every ``check_log_seconds`` while the
     reader follows the log, and every ``retry_log_seconds`` while the log is down or
-    there is none.
+    there is none. ``token``: a reader's, for log services that check tokens
+    (:meth:`from_metaservice` takes the MetaService client's).
     """
 
     def __init__(
@@ -128,6 +130,7 @@ class LogReader:
         timeout: float = 10.0,
         resolve: Callable[[], str] | None = None,
         check_log_seconds: float = 10.0,
+        token: str | None = None,
     ) -> None:
         if load_table is None:
             if catalog is None:
@@ -138,7 +141,8 @@ class LogReader:
         self._load_table = load_table
         # The table's log services: one, or several its writer spreads its rows over by
         # partition, merged here.
-        self._logs = [LogClient(url, timeout=timeout) for url in _addresses(log_url)]
+        self._token = token  # a reader's, for log services that check tokens
+        self._logs = [LogClient(url, timeout=timeout, token=token) for url in _addresses(log_url)]
         # Where the log is now: a restarted writer's embedded log has a new address.
         self._resolve = resolve
         self._timeout = timeout
@@ -168,6 +172,7 @@ class LogReader:
         is down, after a reset and every ``check_log_seconds``, so it follows a restarted
         writer's new log service, and leaves a log that is no longer published (a
         revision swap) for the table's snapshots."""
+        kwargs.setdefault("token", token_of(metaservice))
         return cls(
             table,
             log_url=log_address(metaservice, table),
@@ -352,7 +357,7 @@ class LogReader:
                 )
             return
         log.info("log of %s is at %s", self.table, " ".join(wanted))
-        self._logs = [LogClient(url, timeout=self._timeout) for url in wanted]
+        self._logs = [LogClient(url, timeout=self._timeout, token=self._token) for url in wanted]
         self._retry_log_at = now
 
     def _log_up(self) -> None:

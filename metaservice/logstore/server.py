@@ -17,8 +17,17 @@ GET     ``/tables/{table}/entries``                   ``after_seq&epoch`` or ``a
                                                       rows as Arrow IPC with offset columns; 410
                                                       ``log_gone``, 409 ``log_reset``
 GET     ``/status[?table=T]``                         each table's offsets, bytes, epoch, readers
+GET     ``/identity?nonce=N``                         the proof that the service holds its token
+                                                      (:mod:`~metaservice.logstore.proof`)
 GET     ``/healthz``
 ======  ==========================================  ============================================
+
+With auth (:class:`~metaservice.logstore.auth.LogAuth`) every ``/v1`` route but
+``/identity`` needs a bearer token the MetaService accepts: a writer's to append, mark
+persisted, reset and claim spilled files, a reader's to read and see the status. Bodies
+are bounded while they stream (413), and so is what an Arrow body decodes to
+(:class:`BodyLimits`); a table's memory and spill space are bounded by its
+:class:`~metaservice.logstore.store.TableLog`.
 
 Usage (embedded)::
 
@@ -34,9 +43,9 @@ import re
 import socket
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import uvicorn
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -46,19 +55,25 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from metaservice.errors import Invalid, ServiceError
-from metaservice.logstore import ipc, wire
+from metaservice.auth.schemas import Role
+from metaservice.errors import Invalid, NotFound, ServiceError, TooLarge
+from metaservice.logstore import ipc, proof, wire
+from metaservice.logstore.auth import LogAuth, check_listen
 from metaservice.logstore.store import LogStore, TableLog, TableStatus
 from metaservice.names import JOB_PATTERN, check_table_name
 
-__all__ = ["LogService", "create_log_app", "serve"]
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["BodyLimits", "LogService", "create_log_app", "serve"]
 
 M = TypeVar("M", bound=BaseModel)
 
 log = logging.getLogger(__name__)
 
 MAX_SIGNED_64 = 2**63 - 1
-MAX_BODY_BYTES = 512 * 1024 * 1024
+MAX_INFLATION = 100  # a compressed body decodes to at most this many times its size
+MAX_JSON_BYTES = 64 * 1024
 # The MetaService's code for a request its schema refuses ("invalid": one that breaks a rule).
 MALFORMED = "invalid_request"
 MAX_READER_ID = 200
@@ -90,24 +105,41 @@ class ResetBody(BaseModel):
     )
 
 
-def create_log_app(store: LogStore) -> Starlette:
-    """The log service's ASGI application over ``store``."""
+@dataclass(frozen=True)
+class BodyLimits:
+    """How much one request may bring: an append's Arrow body as sent (``body_bytes``) and
+    as its record batches take once decoded (``inflated_bytes``, and at most
+    ``MAX_INFLATION`` times a compressed body's size); a JSON body is small."""
+
+    body_bytes: int = wire.DEFAULT_MAX_BODY_BYTES
+    inflated_bytes: int = wire.DEFAULT_MAX_INFLATED_BYTES
+    json_bytes: int = MAX_JSON_BYTES
+
+
+def create_log_app(
+    store: LogStore, *, auth: LogAuth | None = None, limits: BodyLimits | None = None
+) -> Starlette:
+    """The log service's ASGI application over ``store``; ``auth``: check every caller's
+    bearer token with the MetaService (None: serve anyone, on loopback only)."""
+    bounds = limits or BodyLimits()
+
+    async def allow(request: Request, needed: Role, action: str, table: str | None) -> None:
+        if auth is None:
+            return
+        access = await auth.access(request.headers.get("authorization"))
+        access.check(needed, table, action)
 
     async def append(request: Request) -> Response:
         table = _table(request)
+        await allow(request, Role.WRITER, "append", table)
         barrier = _int_param(request, "barrier", minimum=0)
         batch_id = _int_param(request, "batch_id", minimum=0)
-        body = await request.body()
-        if len(body) > MAX_BODY_BYTES:
-            raise Invalid(f"the body is past {MAX_BODY_BYTES} bytes", field="body")
-        try:
-            batches = [b for b in ipc.decode(body) if b.num_rows]
-        except ValueError as exc:
-            raise Invalid(str(exc), field="body", code=MALFORMED) from None
         if barrier is None or batch_id is None:
-            raise Invalid("barrier and batch_id are required", field="barrier")
+            raise Invalid("barrier and batch_id are required", field="barrier", code=MALFORMED)
+        body = await _read_body(request, bounds.body_bytes)
+        batches = _decode(body, bounds)
         log_ = store.table(table)
-        entries = [log_.append(barrier, batch_id, rows) for rows in batches]
+        entries = log_.append_all(barrier, batch_id, batches)
         return JSONResponse(
             {
                 "epoch": log_.epoch,
@@ -118,19 +150,22 @@ def create_log_app(store: LogStore) -> Starlette:
 
     async def persisted(request: Request) -> Response:
         table = _table(request)
-        body = _json_body(await request.body(), PersistedBody)
+        await allow(request, Role.WRITER, "persisted", table)
+        body = _json_body(await _read_body(request, bounds.json_bytes), PersistedBody)
         mark = store.table(table).persisted(body.barrier, body.batch_id, body.snapshot_id)
         return JSONResponse(asdict(mark))
 
     async def spilled(request: Request) -> Response:
         table = _table(request)
-        body = _json_body(await request.body(), SpilledBody)
+        await allow(request, Role.WRITER, "spilled", table)
+        body = _json_body(await _read_body(request, bounds.json_bytes), SpilledBody)
         files = store.table(table).claim_spilled(body.batch_id)
         return JSONResponse({"batch_id": body.batch_id, "files": files})
 
     async def reset(request: Request) -> Response:
         table = _table(request)
-        body = _json_body(await request.body(), ResetBody)
+        await allow(request, Role.WRITER, proof.RESET, table)
+        body = _json_body(await _read_body(request, bounds.json_bytes), ResetBody)
         # The writer's job: a query parameter, as an append's batch is, so that a log
         # service older than it ignores it (answering by batch alone) and the reset works.
         job = _job(request)
@@ -141,7 +176,9 @@ def create_log_app(store: LogStore) -> Starlette:
         return JSONResponse({"epoch": table_log.reset(body.after_batch_id, job)})
 
     async def read(request: Request) -> Response:
-        table_log = store.existing(_table(request))
+        table = _table(request)
+        await allow(request, Role.READER, "read", table)
+        table_log = store.existing(table)
         result = table_log.read(
             after_seq=_int_param(request, "after_seq", minimum=0),
             epoch=_int_param(request, "epoch", minimum=0),
@@ -167,12 +204,24 @@ def create_log_app(store: LogStore) -> Starlette:
 
     async def status(request: Request) -> Response:
         name = request.query_params.get("table")
+        table = check_table_name(name) if name else None
+        await allow(request, Role.READER, proof.READ_STATUS, table)
         tables: list[TableLog] = (
-            [store.existing(check_table_name(name))]
-            if name
-            else [store.table(n) for n in store.names()]
+            [store.existing(table)] if table else [store.table(n) for n in store.names()]
         )
         return JSONResponse({"tables": [status_json(t.status()) for t in tables]})
+
+    async def identity(request: Request) -> Response:
+        nonce = request.query_params.get("nonce", "")
+        if not 16 <= len(nonce) <= 200 or not nonce.isalnum():
+            raise Invalid("nonce: 16 to 200 letters and digits", field="nonce", code=MALFORMED)
+        answer = auth.identity(nonce) if auth is not None else None
+        if answer is None:
+            raise NotFound(
+                "this log service holds no token of its own to prove who it is",
+                code="no_identity",
+            )
+        return JSONResponse(answer)
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -185,12 +234,49 @@ def create_log_app(store: LogStore) -> Starlette:
         Route(f"{prefix}/tables/{{table}}/spilled", spilled, methods=["POST"]),
         Route(f"{prefix}/tables/{{table}}/reset", reset, methods=["POST"]),
         Route(f"{prefix}/status", status, methods=["GET"]),
+        Route(f"{prefix}/identity", identity, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
     ]
     return Starlette(
         routes=routes,
         exception_handlers={ServiceError: _service_error, HTTPException: _http_error},
     )
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refused (413) as soon as it is past ``limit``: never buffered whole first."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise TooLarge(f"the body is past {limit} bytes", field="body")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge(f"the body is past {limit} bytes", field="body")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _decode(body: bytes, bounds: BodyLimits) -> list[pa.RecordBatch]:
+    """The body's record batches with rows, bounded by what they inflate to before any is
+    decoded (a few KB of zstd can stand for gigabytes)."""
+    try:
+        inflated = ipc.inflated_size(body)
+    except ValueError as exc:
+        raise Invalid(str(exc), field="body", code=MALFORMED) from None
+    most = min(bounds.inflated_bytes, max(len(body), 1) * MAX_INFLATION)
+    if inflated > most:
+        raise TooLarge(
+            f"the body's record batches take {inflated} bytes once decoded, past the log "
+            f"service's bound of {most} ({bounds.inflated_bytes}, or {MAX_INFLATION} times "
+            "the body): append smaller chunks",
+            field="body",
+        )
+    try:
+        return [b for b in ipc.decode(body) if b.num_rows]
+    except ValueError as exc:
+        raise Invalid(str(exc), field="body", code=MALFORMED) from None
 
 
 def status_json(status: TableStatus) -> dict[str, Any]:
@@ -245,9 +331,15 @@ def _int_param(request: Request, name: str, *, minimum: int) -> int | None:
 
 def _json_body(body: bytes, model: type[M]) -> M:
     try:
-        return model.model_validate(json.loads(body or b"null"))
-    except json.JSONDecodeError:
-        raise Invalid("the body is not JSON", field="body", code=MALFORMED) from None
+        parsed = json.loads(body.decode("utf-8") if body else "null")
+    except UnicodeDecodeError:
+        raise Invalid("the body is not UTF-8 text", field="body", code=MALFORMED) from None
+    except (ValueError, RecursionError):  # JSONDecodeError, or nested past the parser's depth
+        raise Invalid(
+            "the body is not JSON (or nests too deep)", field="body", code=MALFORMED
+        ) from None
+    try:
+        return model.model_validate(parsed)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
@@ -270,8 +362,9 @@ class LogService:
 
     ``port=0`` takes a free port; :attr:`url` is the address writers and readers use:
     on a cluster, listen on ``host="0.0.0.0"`` and give the name executors reach the
-    driver by as ``advertised_host``. ``start()``/``stop()``, or use it as a context
-    manager.
+    driver by as ``advertised_host``; beyond loopback it needs ``auth`` (it refuses to
+    start without: :class:`~metaservice.logstore.auth.LogAuthError`). ``start()``/``stop()``,
+    or use it as a context manager.
     """
 
     def __init__(
@@ -281,15 +374,22 @@ class LogService:
         host: str = "127.0.0.1",
         port: int = 0,
         advertised_host: str | None = None,
+        auth: LogAuth | None = None,
+        limits: BodyLimits | None = None,
     ) -> None:
+        prepare(host, auth)
         self.store = store if store is not None else LogStore()
+        self.auth = auth
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, port))
         self.host, self.port = host, self._socket.getsockname()[1]
         self.advertised_host = advertised_host or host
         config = uvicorn.Config(
-            create_log_app(self.store), log_config=None, access_log=False, lifespan="off"
+            create_log_app(self.store, auth=auth, limits=limits),
+            log_config=None,
+            access_log=False,
+            lifespan="off",
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
@@ -331,6 +431,24 @@ class LogService:
         self.stop()
 
 
-def serve(store: LogStore, *, host: str, port: int) -> None:
+def prepare(host: str, auth: LogAuth | None) -> None:
+    """Check what a log service needs before it listens: with ``auth``, a MetaService that
+    answers (and the own token's id); beyond loopback, auth that means something
+    (:class:`~metaservice.logstore.auth.LogAuthError` otherwise)."""
+    check_listen(host, auth)
+    if auth is not None and auth.token is not None and auth.token_id is None:
+        auth.check_metaservice()
+
+
+def serve(
+    store: LogStore,
+    *,
+    host: str,
+    port: int,
+    auth: LogAuth | None = None,
+    limits: BodyLimits | None = None,
+) -> None:
     """Run the log service in this thread until interrupted (Ctrl-C stops it cleanly)."""
-    uvicorn.run(create_log_app(store), host=host, port=port, log_config=None, access_log=False)
+    prepare(host, auth)
+    app = create_log_app(store, auth=auth, limits=limits)
+    uvicorn.run(app, host=host, port=port, log_config=None, access_log=False)

@@ -27,17 +27,20 @@ start if it holds every batch its writer wrote (``complete_after == -1``), else
 log's job). A reset naming another job than the log's drops everything first (as
 ``reset(None)`` does). A log whose writer named no job answers by batch alone.
 
-**Retention.** Kept: every entry not yet persisted (its batch is not in a committed
-Iceberg snapshot yet), plus the persisted entries of the last ``keep_barriers``
-persisted barriers. Past ``max_bytes``, the oldest persisted batches go first.
-Unpersisted entries are never dropped, even past ``max_bytes``: refusing them would
-stall the writer (the persisted mark that frees memory comes after the Iceberg commit,
-which comes after the append) or leave readers a hole they could not see. A log with a
-:class:`~metaservice.logstore.spill.Spill` writes the oldest of them to files until it is
-back within the bound (the writer lists a batch's files in its snapshot summary, whose
-expiry deletes them: :meth:`TableLog.claim_spilled`); without one, or when spilling fails,
-it keeps them in memory and reports ``over_bound`` in its status (and logs one warning
-per excursion).
+**Retention and bounds.** Kept: every entry not yet persisted (its batch is not in a
+committed Iceberg snapshot yet), plus the persisted entries of the last
+``keep_barriers`` persisted barriers. Past ``max_bytes`` of memory, the oldest persisted
+batches go first. A log with a :class:`~metaservice.logstore.spill.Spill` then writes the
+oldest unpersisted entries to files, up to ``max_spill_bytes`` (the writer lists a
+batch's files in its snapshot summary, whose expiry deletes them:
+:meth:`TableLog.claim_spilled`). An append that would still leave the log past
+``max_bytes`` is refused (409 ``log_full``, nothing of it held) and the log **falls
+behind**: it drops its unpersisted entries of that batch and the ones before it, refuses
+the rest of those batches, and bumps the epoch. The writer goes on (the batch commits to
+the table; the log is a copy), and readers, whose positions the new epoch or the
+dropped batches void, read the table's snapshots until the log holds their position
+again (the batches after the refused one). No reader is left a hole it cannot see, and
+no request holds the log service's memory past the bound.
 
 **Epoch.** ``reset(after_batch_id, job)`` (a writer restarting from its last committed
 batch) drops every entry past that batch and bumps the epoch: a reader following the
@@ -69,8 +72,10 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_KEEP_BARRIERS",
     "DEFAULT_MAX_BYTES",
+    "DEFAULT_MAX_SPILL_BYTES",
     "EpochChanged",
     "LogEntry",
+    "LogFull",
     "LogGone",
     "LogStore",
     "PersistedMark",
@@ -83,6 +88,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_KEEP_BARRIERS = 2
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+DEFAULT_MAX_SPILL_BYTES = 4 * 1024 * 1024 * 1024
 READERS_RECENT_S = 60.0  # a reader seen within this long counts as "reading"
 _MARKS_KEPT = 1000
 _READERS_KEPT = 1000  # persisted marks remembered (for readers' committed positions)
@@ -93,6 +99,13 @@ class LogGone(ServiceError):
 
     status = 410
     code = wire.GONE_CODE
+
+
+class LogFull(Conflict):
+    """The table's log is at its bounds (memory and spill space): the append is refused,
+    and the log falls behind until the writer's commits free it."""
+
+    code = wire.FULL_CODE
 
 
 class EpochChanged(ServiceError):
@@ -144,12 +157,13 @@ class TableStatus:
     last: tuple[int, int, int] | None
     persisted: PersistedMark | None
     complete_after: int | None
-    over_bound: bool
+    over_bound: bool  # the log refused an append at its bounds (it fell behind)
     readers: list[str]
     spilled_entries: int = 0
     spilled_bytes: int = 0  # the rows' size in memory before they were spilled
     spill_folder: str | None = None
     job: str | None = None  # the job whose batches the log holds, as its writer named it
+    refused_through: int | None = None  # batches through this one were refused (log_full)
 
 
 @dataclass
@@ -160,6 +174,7 @@ class TableLog:
     keep_barriers: int = DEFAULT_KEEP_BARRIERS
     max_bytes: int = DEFAULT_MAX_BYTES
     now: Callable[[], float] = time.time
+    max_spill_bytes: int = DEFAULT_MAX_SPILL_BYTES
     # Microseconds of the clock: a restarted service never starts at an epoch it had.
     epoch: int = field(default_factory=lambda: time.time_ns() // 1_000)
     _entries: deque[LogEntry] = field(default_factory=deque)
@@ -171,7 +186,6 @@ class TableLog:
     complete_after: int | None = None
     # The job whose batch ids these are, named by its writer's reset (None: not named).
     job: str | None = None
-    _over_bound: bool = False
     _readers: dict[str, float] = field(default_factory=dict)
     spill: Spill | None = None  # where rows past max_bytes go; None: kept in memory
     _spilled_bytes: int = 0
@@ -179,43 +193,101 @@ class TableLog:
     # Batches through this one had their spilled files listed for a snapshot summary: their
     # entries are not spilled any more (a file made later would be listed nowhere).
     _claimed_through: int = -1
+    # Batches through this one were refused when the log was full: the log holds none of
+    # them whole, so it takes no more of their rows (None: none refused).
+    _refused_through: int | None = None
+    _full: bool = False  # the newest append was refused at the bounds
     _schema: pa.Schema | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     # -- writing --------------------------------------------------------------------
     def append(self, barrier: int, batch_id: int, rows: pa.RecordBatch) -> LogEntry:
-        """Hold ``rows`` of batch ``batch_id``; returns the entry with its seq.
+        """Hold ``rows`` of batch ``batch_id``; returns the entry with its seq."""
+        return self.append_all(barrier, batch_id, [rows])[0]
 
-        Refused (409, nothing held) when the schema differs from the entries held, and
-        when the batch is already persisted (a straggling task of a committed batch:
-        its rows are in the snapshot already).
+    def append_all(
+        self, barrier: int, batch_id: int, batches: list[pa.RecordBatch]
+    ) -> list[LogEntry]:
+        """Hold the record batches of one append of batch ``batch_id``, all or none;
+        returns their entries with their seqs.
+
+        Refused (409, nothing held) when the schema differs from the entries held, when
+        the batch is already persisted (a straggling task of a committed batch: its rows
+        are in the snapshot already), and (:class:`LogFull`) when the log cannot hold
+        them within its bounds, or refused part of the batch before.
         """
+        if not batches:
+            return []
         with self._lock:
-            if self._entries and rows.schema != self._schema:
-                raise Conflict(
-                    f"table {self.name}: the rows' schema differs from the entries the log "
-                    "holds; a schema change takes a reset of the log (the writer's restart)",
-                    field="body",
-                    code="log_schema_changed",
-                )
-            if self._persisted_through is not None and batch_id <= self._persisted_through:
-                raise Conflict(
-                    f"table {self.name}: batch {batch_id} is already persisted "
-                    f"(through batch {self._persisted_through}); its rows are in the table",
-                    field="batch_id",
-                    code="log_batch_persisted",
-                )
+            self._check_appendable(batch_id, batches[0].schema)
             if self.complete_after is None:
                 # A store that never saw this table: earlier parts of this batch may have
                 # gone to a previous incarnation, so only the batches after it are whole.
                 self.complete_after = batch_id
-            entry = LogEntry(barrier, batch_id, self._next_seq, rows, int(rows.nbytes))
-            self._schema = rows.schema
-            self._next_seq += 1
-            self._entries.append(entry)
-            self._bytes += entry.nbytes
+            entries = []
+            for rows in batches:
+                entry = LogEntry(barrier, batch_id, self._next_seq, rows, int(rows.nbytes))
+                self._next_seq += 1
+                self._entries.append(entry)
+                self._bytes += entry.nbytes
+                entries.append(entry)
+            self._schema = batches[0].schema
             self._retain()
-            return entry
+            if self._bytes > self.max_bytes:
+                self._fall_behind(batch_id)
+            self._full = False
+            return entries
+
+    def _check_appendable(self, batch_id: int, schema: pa.Schema) -> None:
+        if self._entries and schema != self._schema:
+            raise Conflict(
+                f"table {self.name}: the rows' schema differs from the entries the log "
+                "holds; a schema change takes a reset of the log (the writer's restart)",
+                field="body",
+                code="log_schema_changed",
+            )
+        if self._persisted_through is not None and batch_id <= self._persisted_through:
+            raise Conflict(
+                f"table {self.name}: batch {batch_id} is already persisted "
+                f"(through batch {self._persisted_through}); its rows are in the table",
+                field="batch_id",
+                code="log_batch_persisted",
+            )
+        if self._refused_through is not None and batch_id <= self._refused_through:
+            raise LogFull(
+                f"table {self.name}: the log refused rows of batch {self._refused_through} "
+                "when it was full, so it takes no more rows of it (the batch goes to the "
+                "table only; readers read its snapshot)",
+                field="batch_id",
+            )
+
+    def _fall_behind(self, batch_id: int) -> None:
+        """The log is past its bounds with rows no snapshot holds yet: let batch
+        ``batch_id`` and the unpersisted ones before it go (the table will have them),
+        bump the epoch (readers following by seq re-read from their last snapshot), and
+        refuse the rest of them. Raises :class:`LogFull`."""
+        held = self._bytes
+        persisted = self._persisted_through if self._persisted_through is not None else -1
+        gone = [e for e in self._entries if persisted < e.batch_id <= batch_id]
+        self._forget(gone)
+        self._dropped_through_seq = max(self._dropped_through_seq, *(e.seq for e in gone))
+        self.complete_after = max(self.complete_after or batch_id, batch_id)
+        self._refused_through = batch_id
+        self._full = True
+        self.epoch += 1
+        log.warning(
+            "log of %s is full (%d bytes in memory past its bound of %d, %d of %d spilled): "
+            "refused batch %d; the log falls behind, readers read the table's snapshots "
+            "until it holds the batches after it",
+            self.name, held, self.max_bytes, self._spilled_bytes, self.max_spill_bytes,
+            batch_id,
+        )  # fmt: skip
+        raise LogFull(
+            f"table {self.name}: the log is full ({held} bytes of rows not yet persisted "
+            f"past its bound of {self.max_bytes}, spill space {self.max_spill_bytes}): "
+            f"batch {batch_id} goes to the table only; the writer's commits free the log",
+            field="body",
+        )
 
     def persisted(self, barrier: int, batch_id: int, snapshot_id: int) -> PersistedMark:
         """Batch ``batch_id`` is committed in snapshot ``snapshot_id`` (idempotent)."""
@@ -272,7 +344,8 @@ class TableLog:
                 # What the writer replays after this point will all come here.
                 self.complete_after = after_batch_id
             self.epoch += 1
-            self._over_bound = False
+            self._refused_through = None  # the writer appends what is past after_batch_id again
+            self._full = False
             log.info(
                 "log of %s reset after batch %d of job %s: epoch %d",
                 self.name, after_batch_id, job, self.epoch,
@@ -284,7 +357,8 @@ class TableLog:
             self._drop_all()
             self.job = None
             self.epoch += 1
-            self._over_bound = False
+            self._refused_through = None
+            self._full = False
             log.info("log of %s reset with no batch kept: epoch %d", self.name, self.epoch)
             return self.epoch
 
@@ -443,18 +517,6 @@ class TableLog:
     def _check_bound(self) -> None:
         if self._bytes > self.max_bytes and self.spill is not None:
             self._spill_oldest()
-        over = self._bytes > self.max_bytes
-        if over and not self._over_bound:
-            log.warning(
-                "log of %s holds %d bytes of rows not yet persisted, past its bound of %d: "
-                "kept in memory (they are in no snapshot yet%s); the writer's commits free "
-                "them",
-                self.name,
-                self._bytes,
-                self.max_bytes,
-                "" if self.spill is None else ", and could not be spilled",
-            )
-        self._over_bound = over
 
     def _spill_oldest(self) -> None:
         """Write the oldest unpersisted, unclaimed entries to files until within the bound."""
@@ -467,6 +529,8 @@ class TableLog:
             entry = self._entries[i]
             if entry.spilled is not None or entry.batch_id <= newest_done:
                 continue
+            if self._spilled_bytes + entry.nbytes > self.max_spill_bytes:
+                return  # the spill space is full too
             assert entry.rows is not None
             try:
                 spilled = self.spill.write(self.epoch, entry.batch_id, entry.seq, entry.rows)
@@ -510,20 +574,23 @@ class TableLog:
                 last=_offset(last),
                 persisted=self._marks[-1] if self._marks else None,
                 complete_after=self.complete_after,
-                over_bound=self._over_bound,
+                over_bound=self._full,
                 readers=sorted(r for r, seen in self._readers.items() if seen >= since),
                 spilled_entries=self._spilled_entries,
                 spilled_bytes=self._spilled_bytes,
                 spill_folder=None if self.spill is None else self.spill.folder,
                 job=self.job,
+                refused_through=self._refused_through,
             )
 
 
-def _check_bounds(keep_barriers: int, max_bytes: int) -> None:
+def _check_bounds(keep_barriers: int, max_bytes: int, max_spill_bytes: int = 0) -> None:
     if keep_barriers < 0:
         raise ValueError("keep_barriers must be >= 0")
     if max_bytes < 0:
         raise ValueError("max_bytes must be >= 0")
+    if max_spill_bytes < 0:
+        raise ValueError("max_spill_bytes must be >= 0")
 
 
 def _spill(folder: str, properties: dict[str, str]) -> Spill:
@@ -553,9 +620,9 @@ class LogStore:
     """Every table's log in one process, created on first append.
 
     ``spill_root``: rows past a table's ``max_bytes`` that no snapshot holds yet are
-    spilled to Arrow files under ``<spill_root>/<table>/`` (through a pyiceberg FileIO
-    built from ``spill_properties``: a local folder, ``s3://...``); None keeps them in
-    memory. A writer in the same process may give a table its own bound and folder
+    spilled to Arrow files under ``<spill_root>/<table>/``, up to ``max_spill_bytes`` a
+    table (through a pyiceberg FileIO built from ``spill_properties``: a local folder,
+    ``s3://...``); None keeps them in memory. A writer in the same process may give a table its own bound and folder
     (:meth:`configure`).
     """
 
@@ -567,10 +634,12 @@ class LogStore:
         now: Callable[[], float] = time.time,
         spill_root: str | None = None,
         spill_properties: dict[str, str] | None = None,
+        max_spill_bytes: int = DEFAULT_MAX_SPILL_BYTES,
     ) -> None:
-        _check_bounds(keep_barriers, max_bytes)
+        _check_bounds(keep_barriers, max_bytes, max_spill_bytes)
         self.keep_barriers = keep_barriers
         self.max_bytes = max_bytes
+        self.max_spill_bytes = max_spill_bytes
         self._now = now
         self.spill_root = spill_root.rstrip("/") if spill_root else None
         self.spill_properties = dict(spill_properties or {})
@@ -582,7 +651,9 @@ class LogStore:
         with self._lock:
             found = self._tables.get(name)
             if found is None:
-                found = TableLog(name, self.keep_barriers, self.max_bytes, self._now)
+                found = TableLog(
+                    name, self.keep_barriers, self.max_bytes, self._now, self.max_spill_bytes
+                )
                 if self.spill_root is not None:
                     found.spill = _spill(f"{self.spill_root}/{name}", self.spill_properties)
                 self._tables[name] = found
@@ -596,6 +667,7 @@ class LogStore:
         keep_barriers: int | None = None,
         spill_folder: str | None = None,
         spill_properties: dict[str, str] | None = None,
+        max_spill_bytes: int | None = None,
     ) -> TableLog:
         """Give one table its own bound and spill folder (an embedded log's writer does,
         from the table's properties and location); None leaves a setting as it is."""
@@ -603,12 +675,15 @@ class LogStore:
         _check_bounds(
             table_log.keep_barriers if keep_barriers is None else keep_barriers,
             table_log.max_bytes if max_bytes is None else max_bytes,
+            table_log.max_spill_bytes if max_spill_bytes is None else max_spill_bytes,
         )
         with table_log._lock:
             if max_bytes is not None:
                 table_log.max_bytes = max_bytes
             if keep_barriers is not None:
                 table_log.keep_barriers = keep_barriers
+            if max_spill_bytes is not None:
+                table_log.max_spill_bytes = max_spill_bytes
             if spill_folder is not None:
                 table_log.spill = _spill(spill_folder, spill_properties or {})
         return table_log

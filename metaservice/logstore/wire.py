@@ -22,7 +22,12 @@ JOB_HEADER = "X-Log-Job"  # the job whose batch ids the log holds (absent: not n
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 
+# What one append may bring (the log service's defaults; ``metaservice log start`` flags).
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024  # as sent; 413 while it streams
+DEFAULT_MAX_INFLATED_BYTES = 256 * 1024 * 1024  # its rows once decoded
+
 # Error codes a reader acts on (the others are in docs/operations.md, "Errors").
 GONE_CODE = "log_gone"  # 410: the position is older than what the log holds
 RESET_CODE = "log_reset"  # 409: the log's epoch is not the reader's
 TABLE_UNKNOWN_CODE = "log_table_unknown"  # 404: the service holds nothing of the table
+FULL_CODE = "log_full"  # 409: at its bounds, the log refused the append (it falls behind)

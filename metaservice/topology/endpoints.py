@@ -3,8 +3,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 
 from metaservice.auth.schemas import Role
+from metaservice.auth.whoami import log_probe
 from metaservice.barriers.schemas import MAX_SIGNED_64
 from metaservice.deps import Paging, Services, json_response, paging, require, services, services_of
+from metaservice.errors import Invalid
 from metaservice.names import JOB_PATTERN
 from metaservice.schemas_common import Page, error_responses
 from metaservice.topology import service
@@ -145,10 +147,19 @@ def get_table(table: str, s: Services = Depends(services)) -> TableView:
     responses=error_responses(400, 404, 413),
     dependencies=[require(Role.WRITER)],
 )
-def put_table_log(table: str, spec: TableLogSpec, s: Services = Depends(services)) -> TableView:
+async def put_table_log(
+    table: str, spec: TableLogSpec, s: Services = Depends(services)
+) -> TableView:
     """Publish the table's log store: its mode ('embedded' in the writing driver, or
-    'external') and its service's address. Readers find the log here."""
-    return s.db.write(lambda session: service.put_table_log(session, s.ctx, table, spec))
+    'external') and its service's address. Readers find the log here. With auth on, 422
+    ``log_address_unverified`` unless the log service there proves it holds a writer token
+    (or its address is in the allowlist; with an allowlist, only such addresses)."""
+    why = await log_probe(s).publishable(spec.all_addresses())
+    if why is not None:
+        raise Invalid(why, field="address", code="log_address_unverified")
+    return await s.db.write_async(
+        lambda session: service.put_table_log(session, s.ctx, table, spec)
+    )
 
 
 @router.get(
@@ -156,16 +167,17 @@ def put_table_log(table: str, spec: TableLogSpec, s: Services = Depends(services
     response_model=TableLogStatus,
     responses=error_responses(404),
 )
-def get_table_log(table: str, s: Services = Depends(services)) -> TableLogStatus:
+async def get_table_log(table: str, s: Services = Depends(services)) -> TableLogStatus:
     """The table's log: its mode and address as published, and what its log service holds
     now (epoch, entries, memory, first and last offsets, the last persisted batch,
-    readers), asked with a 2 s timeout. A log service that does not answer gives
-    ``reachable: false`` and the error. 404 ``not_found`` for an unknown table, 404
-    ``no_log`` for a table without a log (the message says how to enable one)."""
-    # The database is read and released first: the log service is asked without holding
-    # a connection (this runs in the thread pool, as every sync endpoint does).
-    log = s.db.read(lambda session: service.table_log(session, table))
-    return service.table_log_status(table, log)
+    readers), asked within one 2 s deadline. A log service that does not answer (or does
+    not prove it is one) gives ``reachable: false`` and why. 404 ``not_found`` for an
+    unknown table, 404 ``no_log`` for a table without a log (the message says how to
+    enable one)."""
+    # The database is read and released first; the log services are asked from the event
+    # loop, so no request thread waits on them.
+    log = await s.db.read_async(lambda session: service.table_log(session, table))
+    return await service.table_log_status(table, log, log_probe(s))
 
 
 @router.delete(

@@ -98,6 +98,7 @@ NEEDS: dict[tuple[str, str], Role] = {
     ("GET", "/api/v1/delay"): Role.READER,
     ("POST", "/api/v1/tokens"): Role.ADMIN,
     ("GET", "/api/v1/tokens"): Role.ADMIN,
+    ("GET", "/api/v1/whoami"): Role.READER,
     ("DELETE", "/api/v1/tokens/{token_id}"): Role.ADMIN,
 }
 

@@ -17,7 +17,7 @@ import pytest
 from metaservice.logstore import LogClient, LogWriter
 from metaservice.logstore.server import LogService
 from metaservice.logstore.spill import Spill
-from metaservice.logstore.store import LogStore, TableLog
+from metaservice.logstore.store import LogFull, LogStore, TableLog
 from tests.metaservice.log_cli import ctrl_c, log_start
 
 TABLE = "dw.events"
@@ -67,7 +67,8 @@ def test_a_claimed_batchs_files_outlive_the_log_and_unclaimed_ones_go_with_it(
     log.keep_barriers = 1
     log.append(T0, 0, rows(1))
     claimed = log.claim_spilled(0)
-    log.append(T0, 0, rows(2))  # after the claim (a straggler): kept in memory, listed nowhere
+    with pytest.raises(LogFull):  # after the claim (a straggler): it would be listed nowhere
+        log.append(T0, 0, rows(2))
     log.persisted(T0, 0, snapshot_id=10)
     log.append(T0 + 1000, 1, rows(3))  # spilled, never claimed (its claim failed, say)
     log.persisted(T0 + 1000, 1, snapshot_id=11)
@@ -110,20 +111,33 @@ def test_a_reset_deletes_the_dropped_batches_unclaimed_files_only(tmp_path: Path
     assert log.status().spilled_entries == 1 and len(files_in(folder)) == 2
 
 
-def test_a_spill_folder_that_cannot_be_written_keeps_the_rows_in_memory_with_one_warning(
+def test_a_spill_folder_that_cannot_be_written_refuses_the_rows_past_the_bound(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     log = spilling_log(blocker / "log", max_bytes=0)
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.WARNING), pytest.raises(LogFull):
         log.append(T0, 0, rows(1))
-        log.append(T0, 0, rows(2))
     status = log.status()
-    assert status.over_bound and status.spilled_entries == 0 and status.entries == 2
-    assert read_ids(log) == [1, 2]
-    over = [r for r in caplog.records if "past its bound" in r.getMessage()]
-    assert len(over) == 1 and "could not be spilled" in over[0].getMessage()
+    assert status.over_bound and status.spilled_entries == 0 and status.entries == 0
+    assert any("could not spill" in r.getMessage() for r in caplog.records)
+    log.persisted(T0, 0, snapshot_id=3)
+    with pytest.raises(LogFull):  # still nowhere to put rows past the bound
+        log.append(T0 + 1000, 1, rows(2))
+
+
+def test_the_spill_space_is_bounded_too(tmp_path: Path) -> None:
+    log = spilling_log(tmp_path / "log", max_bytes=0)
+    one = rows(1).nbytes
+    log.max_spill_bytes = 2 * one
+    log.append(T0, 0, rows(1))
+    log.append(T0, 0, rows(2))
+    with pytest.raises(LogFull):
+        log.append(T0, 0, rows(3))
+    status = log.status()
+    assert status.spilled_entries == 0 and status.spilled_bytes == 0  # batch 0 let go
+    assert files_in(tmp_path / "log") == set(), "its unclaimed files go with it"
 
 
 def test_a_log_service_spills_under_its_root_and_serves_spilled_rows(tmp_path: Path) -> None:
