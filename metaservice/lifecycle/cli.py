@@ -89,6 +89,15 @@ def _print(out: Printer, r: ExpiryResult) -> None:
         out.line(f"  already gone from the table (recorded): {r.already_gone}")
     if r.held_by_refs:
         out.line(f"  kept, a branch or tag points at them: {r.held_by_refs}")
+    if r.refused_files:
+        left = "would leave" if r.dry_run else "left"
+        out.line(
+            f"  [bold yellow]{left} {len(r.refused_files)} files outside the table's location "
+            "and the log spill locations[/] (not the service's to delete):"
+        )
+        for refused in r.refused_files:
+            path = escape(refused.path)
+            out.line(f"  refused {refused.kind} {path} (snapshot {refused.snapshot_id})")
 
 
 def _bytes(n: int) -> str:

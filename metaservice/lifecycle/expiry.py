@@ -3,23 +3,32 @@ delete the files only they referenced.
 
 0. Read the plan; when it lists something, open the catalog and find the table there
    (errors here change nothing).
-1. Reserve (``service.reserve_expiry``, its own transaction): under the table's lock the
+1. Drop the Iceberg tags of the table's ended (retained) tags, so that their snapshots
+   may go (``tags.publish.drop_ended``: each removal re-checks its tag's record, and a
+   tag made again under the name meanwhile stays).
+2. Reserve (``service.reserve_expiry``, its own transaction): under the table's lock the
    plan is recomputed and the table's expiry horizon raised above everything it lists,
    so from its commit on no version or lease names those snapshots. A lease granted
    before it is in the plan; one asked for while the rest runs sees the horizon. The
    expiry acts on nothing else than what the reservation returned.
-2. Remove the reserved snapshots from the Iceberg table in one commit (branch and tag
+3. Remove the reserved snapshots from the Iceberg table in one commit (branch and tag
    heads are left in: whatever a ref uses stays). Tagged snapshots are not even
-   reserved (``service``'s plan keeps them); before the reservation, the Iceberg tags
-   of ended (retained) tags are removed, so that their snapshots may go.
-3. Record them (``expired_snapshots``), so no plan lists them again.
-4. Delete the files only they reached (see ``lifecycle.iceberg``).
+   reserved (``service``'s plan keeps them).
+4. Record them (``expired_snapshots``), so no plan lists them again.
+5. Delete the files only they reached that the service owns: under the table's location
+   or a configured log spill location (``lifecycle.iceberg``); any other path a
+   snapshot's metadata names is logged and left, and listed in ``refused_files``.
 
-A crash between 2 and 3 leaves snapshots removed but unrecorded: the next run finds
-them gone from the table and records them (``already_gone``). A crash between 2 and 4
-leaves their files behind as orphans. A dry run reserves nothing and changes nothing:
-it shows what a run would remove now (a lease taken before the real run still keeps
-its snapshot, and the real run then leaves it).
+A dry run and a run decide through one function (:func:`_decide`): which listed
+snapshots the table still has, which a ref holds (not counting the Iceberg tags of ended
+tags, which a run drops first), which files only they reach and which of those are
+owned. A dry run reserves nothing and changes nothing: it shows what a run would remove
+now (a lease taken before the real run still keeps its snapshot, and the real run then
+leaves it).
+
+A crash between 3 and 4 leaves snapshots removed but unrecorded: the next run finds
+them gone from the table and records them (``already_gone``). A crash between 3 and 5
+leaves their files behind as orphans.
 
 pyiceberg is imported only when there is something to remove: the service itself runs
 without the ``iceberg`` extra.
@@ -28,33 +37,35 @@ without the ``iceberg`` extra.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Collection
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from metaservice.context import Context
 from metaservice.db import Database
-from metaservice.errors import Conflict, ServiceError
+from metaservice.errors import Conflict
 from metaservice.lifecycle import service
-from metaservice.lifecycle.schemas import ExpiryPlan, ExpiryResult, PlannedSnapshot, RemovedFile
-from metaservice.settings import Settings
+from metaservice.lifecycle.catalog import CatalogLoader, CatalogUnavailable, open_catalog
+from metaservice.lifecycle.schemas import (
+    ExpiryPlan,
+    ExpiryResult,
+    PlannedSnapshot,
+    RefusedFile,
+    RemovedFile,
+)
+from metaservice.versions.tags import publish as tags_publish
+from metaservice.versions.tags import service as tags
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
+    from sqlalchemy.orm import Session
 
     from metaservice.lifecycle.iceberg import Snapshots, TableFile
 
+__all__ = ["CatalogLoader", "CatalogUnavailable", "expire_table", "open_catalog"]
+
 log = logging.getLogger(__name__)
-
-CatalogLoader = Callable[[Settings], "Catalog"]
-
-
-class CatalogUnavailable(ServiceError):
-    """The Iceberg catalog or its storage cannot be used right now (or pyiceberg is not
-    installed); the message says what to check."""
-
-    status = 503
-    code = "catalog_unavailable"
 
 
 def expire_table(
@@ -76,47 +87,101 @@ def expire_table(
     """
     plan = db.read(lambda session: service.expiry_plan(session, ctx, table, for_expiry=True))
     if not plan.expirable:
-        return _result(plan, dry_run, [], [], [], [])
+        return _result(plan, dry_run, Decision())
     catalog = open_catalog(ctx.settings, load_catalog, "expiring snapshots")
     from metaservice.lifecycle import iceberg
 
     try:
-        found = _load_table(catalog, plan)
+        found = iceberg.Snapshots(_load_table(catalog, plan))
         if dry_run:
-            return _preview(iceberg.Snapshots(found), plan)
+            ending = db.read(lambda session: _ended_tags(session, ctx, table))
+            return _result(plan, True, _decide(ctx, plan, found, found, ending))
         _drop_ended_tags(db, ctx, catalog, plan)
         reserved = db.write(lambda session: service.reserve_expiry(session, ctx, table))
         if not reserved.expirable:
-            return _result(reserved, False, [], [], [], [])
+            return _result(reserved, False, Decision())
         return _execute(db, ctx, catalog, reserved)
     finally:
         iceberg.close_catalog(catalog)
 
 
+@dataclass
+class Decision:
+    """What an expiry does with the snapshots its plan lists, and with their files."""
+
+    removed: list[PlannedSnapshot] = field(default_factory=list)  # dry run: to remove
+    gone: list[PlannedSnapshot] = field(default_factory=list)  # no longer in the table
+    held: list[int] = field(default_factory=list)  # a branch or tag points at them
+    files: list[TableFile] = field(default_factory=list)  # only they reached: deleted
+    # Only they reached, but not the service's: left (with the snapshot that names it).
+    refused: list[tuple[TableFile, int]] = field(default_factory=list)
+
+
+def _decide(
+    ctx: Context,
+    plan: ExpiryPlan,
+    before: Snapshots,
+    after: Snapshots,
+    ending: Collection[tuple[str, int]] = (),
+    removed_now: Collection[int] | None = None,
+) -> Decision:
+    """The one rule for a dry run and a run: the snapshots as :func:`_sort` sorts them,
+    and the files only the removed ones reached in ``before``: deleted if the service
+    owns them, refused otherwise. A dry run decides on the table as it is (``before`` is
+    ``after``); a run, on the table before and after its removal commit."""
+    from metaservice.lifecycle import iceberg
+
+    decision = _sort(plan, after, ending, removed_now)
+    roots = iceberg.owned_roots(after.table, plan.table, ctx.settings.log_spill_locations)
+    doomed = iceberg.unused_files(
+        before, [s.snapshot_id for s in decision.removed], after, iceberg.owned_by(roots)
+    )
+    decision.files, decision.refused = doomed.files, doomed.refused
+    return decision
+
+
+def _sort(
+    plan: ExpiryPlan,
+    now: Snapshots,
+    ending: Collection[tuple[str, int]] = (),
+    removed_now: Collection[int] | None = None,
+) -> Decision:
+    """Of the listed snapshots, those the table ``now`` no longer has are gone, those a
+    ref points at (the Iceberg tags in ``ending``, which a run drops first, not
+    counted) are held, the rest are removed. After a removal commit, ``removed_now``
+    are the ones it removed (it leaves those that became a ref's head meanwhile)."""
+    if removed_now is None:
+        heads = now.ref_heads(ending)
+        removed = [
+            s for s in plan.expirable if s.snapshot_id in now.ids and s.snapshot_id not in heads
+        ]
+        gone = [s for s in plan.expirable if s.snapshot_id not in now.ids]
+    else:
+        # Neither in the table nor removed here: gone before, or an overlapping run
+        # removed them (and deletes their files).
+        mine = set(removed_now)
+        removed = [s for s in plan.expirable if s.snapshot_id in mine]
+        gone = [s for s in plan.expirable if s.snapshot_id not in now.ids | mine]
+    taken = {s.snapshot_id for s in removed}
+    held = [s.snapshot_id for s in plan.expirable if s.snapshot_id in now.ids - taken]
+    return Decision(removed, gone, held)
+
+
+def _ended_tags(session: Session, ctx: Context, table: str) -> set[tuple[str, int]]:
+    """The Iceberg tags (name, snapshot) a run drops before it reserves."""
+    ended = tags.ended_on_table(session, ctx, table)
+    return {(t.name, t.snapshot_id) for t in ended if t.snapshot_id is not None}
+
+
 def _drop_ended_tags(db: Database, ctx: Context, catalog: Catalog, plan: ExpiryPlan) -> None:
     """Remove the Iceberg tags of the table's ended tags (retained ones past their time):
     the plan keeps their snapshots no more, and their refs would keep them in Iceberg."""
-    from metaservice.versions.tags.publish import drop_ended
-
     try:
-        drop_ended(db, ctx, catalog, plan.table)
+        tags_publish.drop_ended(db, ctx, catalog, plan.table)
     except Exception as exc:
         raise _unavailable(
             plan, "removing the Iceberg tags of its ended tags", exc, reserved=False
         ) from exc
-
-
-def _preview(now: Snapshots, plan: ExpiryPlan) -> ExpiryResult:
-    from metaservice.lifecycle import iceberg
-
-    heads = now.ref_heads()
-    gone = [s for s in plan.expirable if s.snapshot_id not in now.ids]
-    held = [s.snapshot_id for s in plan.expirable if s.snapshot_id in heads]
-    removable = [
-        s for s in plan.expirable if s.snapshot_id in now.ids and s.snapshot_id not in heads
-    ]
-    files = iceberg.unused_files(now, [s.snapshot_id for s in removable], now)
-    return _result(plan, True, removable, gone, held, files)
 
 
 def _execute(db: Database, ctx: Context, catalog: Catalog, plan: ExpiryPlan) -> ExpiryResult:
@@ -124,56 +189,50 @@ def _execute(db: Database, ctx: Context, catalog: Catalog, plan: ExpiryPlan) -> 
 
     # Loaded after the reservation: a snapshot reported meanwhile is in the table here.
     before = iceberg.Snapshots(_load_table(catalog, plan, reserved=True))
-    reserved = [s.snapshot_id for s in plan.expirable]
+    listed = _sort(plan, before)
     try:
-        table, ids = iceberg.remove_snapshots(catalog, plan.table, reserved)
+        table, ids = iceberg.remove_snapshots(
+            catalog, plan.table, [s.snapshot_id for s in listed.removed]
+        )
     except Exception as exc:
         raise _unavailable(plan, "removing its snapshots from the catalog", exc) from exc
-    after, mine = iceberg.Snapshots(table), set(ids)
-    removed = [s for s in plan.expirable if s.snapshot_id in mine]
-    # Neither in the table nor removed here: gone before, or an overlapping run removed
-    # them (and deletes their files).
-    gone = [s for s in plan.expirable if s.snapshot_id not in after.ids | mine]
-    held = [s.snapshot_id for s in plan.expirable if s.snapshot_id in after.ids]
-    db.write(lambda session: service.record_expired(session, ctx, plan.table, removed + gone))
-    unused = iceberg.unused_files(before, [s.snapshot_id for s in removed], after)
+    done = _decide(ctx, plan, before, iceberg.Snapshots(table), removed_now=ids)
+    db.write(
+        lambda session: service.record_expired(session, ctx, plan.table, done.removed + done.gone)
+    )
     try:
-        deleted = iceberg.delete_files(after.io, unused)
+        done.files = iceberg.delete_files(table.io, done.files)
     except Exception as exc:
         raise _unavailable(
             plan,
-            f"deleting the files of its {len(removed)} expired snapshots (they are removed "
-            "and recorded; files not deleted stay as orphans)",
+            f"deleting the files of its {len(done.removed)} expired snapshots (they are "
+            "removed and recorded; files not deleted stay as orphans)",
             exc,
         ) from exc
-    result = _result(plan, False, removed, gone, held, deleted)
-    _log(result, held)
+    result = _result(plan, False, done)
+    _log(result)
     return result
 
 
-def _result(
-    plan: ExpiryPlan,
-    dry_run: bool,
-    removed: list[PlannedSnapshot],
-    gone: list[PlannedSnapshot],
-    held: list[int],
-    files: list[TableFile],
-) -> ExpiryResult:
+def _result(plan: ExpiryPlan, dry_run: bool, d: Decision) -> ExpiryResult:
     return ExpiryResult(
         table=plan.table,
         dry_run=dry_run,
-        snapshots=removed,
-        already_gone=[s.snapshot_id for s in gone],
-        held_by_refs=held,
-        files=[RemovedFile(path=f.path, kind=f.kind, bytes=f.bytes) for f in files],
-        snapshots_removed=len(removed),
-        files_removed=len(files),
-        bytes_freed=sum(f.bytes for f in files),
+        snapshots=d.removed,
+        already_gone=[s.snapshot_id for s in d.gone],
+        held_by_refs=d.held,
+        files=[RemovedFile(path=f.path, kind=f.kind, bytes=f.bytes) for f in d.files],
+        refused_files=[
+            RefusedFile(path=f.path, kind=f.kind, snapshot_id=snapshot) for f, snapshot in d.refused
+        ],
+        snapshots_removed=len(d.removed),
+        files_removed=len(d.files),
+        bytes_freed=sum(f.bytes for f in d.files),
         expiry_horizon=plan.expiry_horizon,
     )
 
 
-def _log(result: ExpiryResult, held: list[int]) -> None:
+def _log(result: ExpiryResult) -> None:
     if result.snapshots_removed or result.already_gone:
         log.info(
             "expired %d snapshots of %s (%d already gone), %d files, %d bytes freed",
@@ -183,31 +242,22 @@ def _log(result: ExpiryResult, held: list[int]) -> None:
             result.files_removed,
             result.bytes_freed,
         )
-    if held:
-        log.info("kept snapshots %s of %s: a branch or tag points at them", held, result.table)
-
-
-def open_catalog(
-    settings: Settings, load_catalog: CatalogLoader | None = None, doing: str = "this"
-) -> Catalog:
-    """The jobs' catalog, opened by ``load_catalog`` (default:
-    ``lifecycle.iceberg.load_catalog``); 503 ``catalog_unavailable`` when it cannot be
-    opened, or when pyiceberg is not installed (``doing`` names what needed it)."""
-    try:
-        from metaservice.lifecycle import iceberg
-    except ModuleNotFoundError as exc:
-        raise CatalogUnavailable(
-            f"{doing} needs pyiceberg ({exc.name!r} is not installed): install "
-            "the service with pip install 'metaservice[server,iceberg]'"
-        ) from exc
-    try:
-        return (load_catalog or iceberg.load_catalog)(settings)
-    except Exception as exc:
-        raise CatalogUnavailable(
-            f"cannot open the Iceberg catalog: {exc}. The service uses the jobs' catalog: "
-            "METASERVICE_CATALOG_PROPERTIES, else a SQL catalog in METASERVICE_DB_URL with "
-            "tables under METASERVICE_WAREHOUSE"
-        ) from exc
+    if result.held_by_refs:
+        log.info(
+            "kept snapshots %s of %s: a branch or tag points at them",
+            result.held_by_refs,
+            result.table,
+        )
+    for f in result.refused_files:
+        log.warning(
+            "expiry of %s left %s file %r that its expired snapshot %d names: it is neither "
+            "under the table's location nor under a log spill location "
+            "(METASERVICE_LOG_SPILL_LOCATIONS), so the service does not own it",
+            result.table,
+            f.kind,
+            f.path,
+            f.snapshot_id,
+        )
 
 
 def _load_table(catalog: Catalog, plan: ExpiryPlan, *, reserved: bool = False) -> Table:

@@ -12,14 +12,25 @@ heads stay in the table, so whatever a ref uses is never deleted. A file is *liv
 manifest when its entry is ADDED or EXISTING: a DELETED entry records that the snapshot
 no longer has the file. A snapshot also reaches the log-store files its summary lists
 (``metaservice.log-files``: rows its batch's log spilled), which only it owns.
+
+The service deletes only what it owns: a file under the table's location, or under
+``<location>/<table>`` of a configured log spill location (``log_spill_locations``, where
+an external log service spills the table's rows). A snapshot's metadata is written by
+whoever can commit to the table, so any other path it names is refused: logged, left in
+place and listed in the expiry's answer (:class:`Doomed`). Paths are compared once
+normalised (:func:`parse_location`): ``..`` cannot climb out, the scheme and bucket must
+match, and ``file:///x`` and ``/x`` are the same place.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import posixpath
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, replace
 from typing import Literal
+from urllib.parse import unquote, urlsplit
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import IcebergTables
@@ -27,6 +38,7 @@ from pyiceberg.exceptions import CommitFailedException, NoSuchNamespaceError, No
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFileContent, ManifestFile
 from pyiceberg.table import Table
+from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.update import AssertTableUUID, RemoveSnapshotsUpdate
 from sqlalchemy import inspect
 from sqlalchemy.exc import OperationalError, ProgrammingError
@@ -110,15 +122,20 @@ class Snapshots:
         self.table = table
         self.io: FileIO = table.io
         self._entries: dict[str, list[TableFile]] = {}
+        # The first snapshot :meth:`files` found reaching each path.
+        self.reached_by: dict[str, int] = {}
 
     @property
     def ids(self) -> set[int]:
         return {s.snapshot_id for s in self.table.metadata.snapshots}
 
-    def ref_heads(self) -> dict[int, list[str]]:
-        """The snapshots that branches and tags point at, with the refs' names."""
+    def ref_heads(self, dropping: Collection[tuple[str, int]] = ()) -> dict[int, list[str]]:
+        """The snapshots that branches and tags point at, with the refs' names; a tag in
+        ``dropping`` (name, snapshot id: one an expiry removes first) left out."""
         heads: dict[int, list[str]] = {}
         for name, ref in sorted(self.table.metadata.refs.items()):
+            if ref.snapshot_ref_type == SnapshotRefType.TAG and (name, ref.snapshot_id) in dropping:
+                continue
             heads.setdefault(ref.snapshot_id, []).append(name)
         return heads
 
@@ -139,6 +156,8 @@ class Snapshots:
                 found.setdefault(path, TableFile(path, "manifest", manifest.manifest_length))
                 for f in self._live_files(manifest):
                     found.setdefault(f.path, f)
+            for path in found:
+                self.reached_by.setdefault(path, snapshot_id)
         return found
 
     def _live_files(self, manifest: ManifestFile) -> list[TableFile]:
@@ -169,28 +188,99 @@ class Snapshots:
 # first snapshot reads the original's files, which the original (renamed) still owns.
 MIRROR_OF_PROPERTY = "metaservice.mirror-of"
 
-
-def _own_files(table: Table) -> Callable[[str], bool]:
-    """Which files an expiry of ``table`` may delete: a (former) mirror's own only, those
-    under its location; any file for other tables."""
-    if MIRROR_OF_PROPERTY not in table.metadata.properties:
-        return lambda path: True
-    prefix = table.location().rstrip("/") + "/"
-    return lambda path: path.startswith(prefix)
+# Schemes that name the same store (pyiceberg reads all of them as S3).
+_SAME_SCHEME = {"s3a": "s3", "s3n": "s3"}
 
 
-def unused_files(before: Snapshots, removed: Collection[int], after: Snapshots) -> list[TableFile]:
+@dataclass(frozen=True)
+class Location:
+    """A place in a store, normalised: scheme, bucket (or host), absolute path."""
+
+    scheme: str
+    bucket: str
+    path: str
+
+    def contains(self, other: Location) -> bool:
+        """Whether ``other`` lies strictly below this place."""
+        if (self.scheme, self.bucket) != (other.scheme, other.bucket):
+            return False
+        return other.path.startswith(self.path.rstrip("/") + "/")
+
+
+def parse_location(uri: str) -> Location | None:
+    """``uri`` normalised (``..`` and ``.`` resolved, ``file://`` and plain paths alike,
+    ``s3a://`` as ``s3://``); None when it cannot be placed safely (a NUL, a ``file``
+    URI naming a host, which pyiceberg would read as a relative path)."""
+    if "\x00" in uri:
+        return None
+    parts = urlsplit(uri)
+    scheme = parts.scheme.lower()
+    if scheme in ("", "file"):
+        if parts.netloc:
+            return None
+        # A plain path is relative to the working folder, as pyiceberg's FileIO takes it.
+        path = os.path.abspath(parts.path if scheme else uri)
+        return Location("file", "", posixpath.normpath(path))
+    path = posixpath.normpath("/" + parts.path.lstrip("/"))
+    return Location(_SAME_SCHEME.get(scheme, scheme), parts.netloc, path)
+
+
+def owned_by(roots: Iterable[str]) -> Callable[[str], bool]:
+    """Whether a path lies under one of ``roots`` (URIs or folders). A path whose
+    percent-decoded form is elsewhere is not (a store might decode it)."""
+    places = [p for p in (parse_location(r) for r in roots) if p is not None]
+
+    def inside(path: str) -> bool:
+        forms = {path, unquote(path)}
+        found = [parse_location(f) for f in forms]
+        return all(f is not None and any(p.contains(f) for p in places) for f in found)
+
+    return inside
+
+
+def owned_roots(table: Table, identifier: str, spill_locations: Iterable[str]) -> list[str]:
+    """Where an expiry of ``table`` may delete: its location, and the table's folder of
+    each log spill location (an external log service spills ``<location>/<table>``)."""
+    return [table.location()] + [f"{s.rstrip('/')}/{identifier}" for s in spill_locations]
+
+
+@dataclass(frozen=True)
+class Doomed:
+    """The files only the removed snapshots reached: those the expiry deletes, and those
+    it refuses to (outside what the service owns)."""
+
+    files: list[TableFile]
+    refused: list[tuple[TableFile, int]]  # with the snapshot that names it
+
+
+def unused_files(
+    before: Snapshots,
+    removed: Collection[int],
+    after: Snapshots,
+    owned: Callable[[str], bool] = lambda path: True,
+) -> Doomed:
     """The files the ``removed`` snapshots reached in ``before`` that no snapshot of
-    ``after`` reaches, in a stable order (data first, then manifests, then lists)."""
+    ``after`` reaches, in a stable order (data first, then manifests, then lists), split
+    by ``owned`` (see :func:`owned_by`). A (former) mirror's files outside its location
+    are its original's: they are neither deleted nor refused."""
     live = after.files(after.ids - set(removed))
-    own = _own_files(after.table)
-    doomed = [
-        before.sized(f)
-        for path, f in before.files(removed).items()
-        if path not in live and own(path)
-    ]
+    shared = MIRROR_OF_PROPERTY in after.table.metadata.properties
+    mine = owned_by([after.table.location()])
+    files, refused = [], []
+    for path, f in before.files(removed).items():
+        if path in live:
+            continue
+        if shared and f.kind != "log" and not mine(path):
+            continue
+        if owned(path):
+            files.append(before.sized(f))
+        else:
+            refused.append((f, before.reached_by[path]))
     order = {"data": 0, "deletes": 1, "log": 2, "manifest": 3, "manifest_list": 4}
-    return sorted(doomed, key=lambda f: (order[f.kind], f.path))
+    return Doomed(
+        sorted(files, key=lambda f: (order[f.kind], f.path)),
+        sorted(refused, key=lambda r: (order[r[0].kind], r[0].path)),
+    )
 
 
 def remove_snapshots(

@@ -83,6 +83,14 @@ class RemovedFile(BaseModel):
     bytes: int
 
 
+class RefusedFile(BaseModel):
+    """A file an expired snapshot's metadata names outside what the service owns: left."""
+
+    path: str
+    kind: Literal["data", "deletes", "manifest", "manifest_list", "log"]
+    snapshot_id: int = Field(description="The expired snapshot that names it")
+
+
 class ExpiryResult(BaseModel):
     """What an expiry removed from one table (or, on a dry run, would remove)."""
 
@@ -104,6 +112,12 @@ class ExpiryResult(BaseModel):
     )
     files: list[RemovedFile] = Field(
         description="Files only those snapshots referenced, deleted (dry run: to delete)"
+    )
+    refused_files: list[RefusedFile] = Field(
+        default_factory=list,
+        description="Files only those snapshots referenced that lie neither under the "
+        "table's location nor under a configured log spill location "
+        "(log_spill_locations): not deleted (dry run: would not be), and logged",
     )
     snapshots_removed: int
     files_removed: int

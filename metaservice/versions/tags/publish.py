@@ -17,7 +17,13 @@ half-published tag is left. Should that undo fail too, the record stays ``creati
 (its snapshots stay kept) and ``DELETE`` finishes it.
 
 Removing a tag removes its Iceberg tags first, then the record: a failure in between
-leaves the record (and its snapshots kept), and a second ``DELETE`` finishes.
+leaves the record (and its snapshots kept), and a second ``DELETE`` finishes. Every
+removal (``DELETE``, an ended tag dropped by an expiry or before its name is used again)
+acts on one record (``TagKey``): right before it removes an Iceberg tag it checks that
+the record still names that snapshot, and it deletes the record only if it is still that
+one. So a tag made again under the same name meanwhile keeps its record, its snapshots
+and its Iceberg tags; should it be made in the moment between the check and the removal,
+its Iceberg tag is made again at once.
 
 pyiceberg is imported only here, when a catalog is opened: the service itself runs
 without the ``iceberg`` extra.
@@ -32,10 +38,11 @@ from typing import TYPE_CHECKING
 from metaservice.context import Context
 from metaservice.db import Database
 from metaservice.errors import Conflict, ServiceError
-from metaservice.lifecycle.expiry import CatalogLoader, CatalogUnavailable, open_catalog
+from metaservice.lifecycle.catalog import CatalogLoader, CatalogUnavailable, open_catalog
 from metaservice.models import VersionTag
 from metaservice.versions import service as versions
 from metaservice.versions.tags import service
+from metaservice.versions.tags.repository import TagKey
 from metaservice.versions.tags.schemas import TagRequest, TagView
 
 if TYPE_CHECKING:
@@ -66,7 +73,7 @@ def create_tag(
         )
         _refuse_taken(catalog, name, tables, ended_view)
         if ended is not None and ended_view is not None:
-            _drop(db, catalog, ended.id, ended_view)
+            _drop(db, ctx, catalog, service.key_of(ended), ended_view)
         tag_id, created = db.write(lambda session: _record(session, ctx, name, tables, body))
         return _publish(db, catalog, tag_id, created)
     finally:
@@ -129,7 +136,8 @@ def _undo(
     try:
         for table, snapshot in sorted(made.items()):
             iceberg.remove_tag(catalog, table, tag.name, snapshot)
-        db.write(lambda session: service.forget(session, tag_id))
+        key = TagKey(tag_id, tag.created_ms, tag.expires_ms)
+        db.write(lambda session: service.forget(session, key))
     except Exception as exc:
         log.exception("undoing tag %s failed", tag.name)
         raise _unavailable(
@@ -144,57 +152,78 @@ def delete_tag(
     db: Database, ctx: Context, name: str, *, load_catalog: CatalogLoader | None = None
 ) -> TagView:
     """Remove the tag's Iceberg tags, then its record (an ended tag too); returns it."""
-    tag_id, tag = db.read(lambda session: _find(session, ctx, name))
+    key, tag = db.read(lambda session: _find(session, ctx, name))
     if all(snapshot is None for snapshot in tag.snapshots.values()):
-        db.write(lambda session: service.forget(session, tag_id))
+        db.write(lambda session: service.forget(session, key))
         return tag
     catalog = open_catalog(ctx.settings, load_catalog, "removing a tag")
     from metaservice.lifecycle.iceberg import close_catalog
 
     try:
-        _drop(db, catalog, tag_id, tag)
+        _drop(db, ctx, catalog, key, tag)
     finally:
         close_catalog(catalog)
     return tag
 
 
-def _find(session: Session, ctx: Context, name: str) -> tuple[int, TagView]:
+def _find(session: Session, ctx: Context, name: str) -> tuple[TagKey, TagView]:
     tag = service.get_tag(session, ctx, name, ended=True)
-    found = service.tag_id(session, name)
+    found = service.tag_key(session, name)
     assert found is not None
     return found, tag
 
 
-def _drop(db: Database, catalog: Catalog, tag_id: int, tag: TagView) -> None:
-    from metaservice.versions.tags import iceberg
-
+def _drop(db: Database, ctx: Context, catalog: Catalog, key: TagKey, tag: TagView) -> None:
     try:
         for table, snapshot in sorted(tag.snapshots.items()):
             if snapshot is not None:
-                iceberg.remove_tag(catalog, table, tag.name, snapshot)
+                _remove_ref(db, ctx, catalog, key, tag.name, table, snapshot)
     except Exception as exc:
         raise _unavailable(
             f"removing the Iceberg tags of '{tag.name}'",
             exc,
             "The tag stays recorded (its snapshots stay kept); remove it again",
         ) from exc
-    db.write(lambda session: service.forget(session, tag_id))
+    db.write(lambda session: service.forget(session, key))
 
 
 def drop_ended(db: Database, ctx: Context, catalog: Catalog, table: str) -> list[str]:
     """Remove the Iceberg tags that ended tags still have in ``table``, and forget them
     there (a tag's record goes with its last table); returns their names. An expiry runs
     this before it reserves, so that the snapshots they kept may go."""
-    from metaservice.versions.tags import iceberg
-
     ended = db.read(lambda session: service.ended_on_table(session, ctx, table))
     for tagged in ended:
         if tagged.snapshot_id is not None:
-            iceberg.remove_tag(catalog, table, tagged.name, tagged.snapshot_id)
-        db.write(functools.partial(service.forget_table, tag_id=tagged.tag_id, table=table))
+            _remove_ref(db, ctx, catalog, tagged.key, tagged.name, table, tagged.snapshot_id)
+        db.write(functools.partial(service.forget_table, key=tagged.key, table=table))
     if ended:
         log.info("dropped ended tags %s of %s", [t.name for t in ended], table)
     return [t.name for t in ended]
+
+
+def _remove_ref(
+    db: Database, ctx: Context, catalog: Catalog, key: TagKey, name: str, table: str, snapshot: int
+) -> None:
+    """Remove the Iceberg tag ``name`` on ``snapshot`` in ``table`` that the record ``key``
+    made, if that record still names it: a tag made again under the name meanwhile is
+    another record, and its Iceberg tag stays (made again, should it have been made in
+    the moment between this check and the removal)."""
+    from metaservice.versions.tags import iceberg
+
+    if not db.write(lambda session: service.still_names(session, key, table, snapshot)):
+        log.info("tag %s of %s was removed or made again meanwhile: left as it is", name, table)
+        return
+    iceberg.remove_tag(catalog, table, name, snapshot)
+    again = db.read(lambda session: service.live_named(session, ctx, name, table))
+    if again is not None and again.key != key and again.snapshot_id == snapshot:
+        log.warning(
+            "tag %s was made again on snapshot %d of %s while its former tag's Iceberg tag "
+            "was being removed: its Iceberg tag is made again",
+            name,
+            snapshot,
+            table,
+        )
+        iceberg.create_tag(catalog, table, name, snapshot, again.expires_ms, again.created_ms)
 
 
 def _refuse_taken(catalog: Catalog, name: str, tables: list[str], ended: TagView | None) -> None:

@@ -11,6 +11,16 @@ from sqlalchemy.orm import Session
 from metaservice.models import Table, VersionTag, VersionTagSnapshot
 
 
+class TagKey(NamedTuple):
+    """Which record a tag is: its row id, with when it was made and ends (a row id alone
+    may be given again once its row is deleted, as SQLite does; a name is used again once
+    its tag ended). Removals compare it, so they never take a tag made again meanwhile."""
+
+    tag_id: int
+    created_ms: int
+    expires_ms: int | None
+
+
 class TaggedSnapshot(NamedTuple):
     """One table's snapshot named by a tag."""
 
@@ -18,10 +28,28 @@ class TaggedSnapshot(NamedTuple):
     name: str
     snapshot_id: int | None
     expires_ms: int | None
+    created_ms: int
+
+    @property
+    def key(self) -> TagKey:
+        return TagKey(self.tag_id, self.created_ms, self.expires_ms)
+
+
+def key_of(tag: VersionTag) -> TagKey:
+    return TagKey(tag.id, tag.created_ms, tag.expires_ms)
 
 
 def _live(now_ms: int) -> ColumnElement[bool]:
     return VersionTag.expires_ms.is_(None) | (VersionTag.expires_ms > now_ms)
+
+
+def _is(key: TagKey) -> list[ColumnElement[bool]]:
+    ends = (
+        VersionTag.expires_ms.is_(None)
+        if key.expires_ms is None
+        else VersionTag.expires_ms == key.expires_ms
+    )
+    return [VersionTag.id == key.tag_id, VersionTag.created_ms == key.created_ms, ends]
 
 
 def by_name(session: Session, name: str) -> VersionTag | None:
@@ -62,8 +90,41 @@ def set_state(session: Session, tag_id: int, state: str) -> bool:
     return bool(done.rowcount)  # type: ignore[attr-defined]
 
 
-def delete_tag(session: Session, tag_id: int) -> None:
-    session.execute(delete(VersionTag).where(VersionTag.id == tag_id))
+def delete_tag(session: Session, key: TagKey) -> None:
+    """Delete the record ``key`` (none, if the row is another tag's by now)."""
+    session.execute(delete(VersionTag).where(*_is(key)))
+
+
+def names_snapshot(session: Session, key: TagKey, table_id: int, snapshot_id: int) -> bool:
+    """Whether the record ``key`` still names ``snapshot_id`` in the table; its row stays
+    locked to the end of the transaction (PostgreSQL), so no removal of it runs meanwhile."""
+    found = session.execute(
+        select(VersionTag.id)
+        .join(VersionTagSnapshot, VersionTagSnapshot.tag_id == VersionTag.id)
+        .where(
+            *_is(key),
+            VersionTagSnapshot.table_id == table_id,
+            VersionTagSnapshot.snapshot_id == snapshot_id,
+        )
+        .with_for_update(of=VersionTag)
+    ).first()
+    return found is not None
+
+
+def live_named(session: Session, name: str, table_id: int, now_ms: int) -> TaggedSnapshot | None:
+    """The tag ``name``, if it has not ended, with the snapshot it names in the table."""
+    row = session.execute(
+        select(
+            VersionTag.id,
+            VersionTag.name,
+            VersionTagSnapshot.snapshot_id,
+            VersionTag.expires_ms,
+            VersionTag.created_ms,
+        )
+        .join(VersionTagSnapshot, VersionTagSnapshot.tag_id == VersionTag.id)
+        .where(VersionTag.name == name, VersionTagSnapshot.table_id == table_id, _live(now_ms))
+    ).first()
+    return None if row is None else TaggedSnapshot(*row)
 
 
 def snapshots_of(session: Session, tag_ids: Sequence[int]) -> dict[int, dict[str, int | None]]:
@@ -113,6 +174,7 @@ def on_table(session: Session, table_id: int, now_ms: int, *, live: bool) -> lis
             VersionTag.name,
             VersionTagSnapshot.snapshot_id,
             VersionTag.expires_ms,
+            VersionTag.created_ms,
         )
         .join(VersionTagSnapshot, VersionTagSnapshot.tag_id == VersionTag.id)
         .where(VersionTagSnapshot.table_id == table_id, ended if live else ~ended)
@@ -121,9 +183,13 @@ def on_table(session: Session, table_id: int, now_ms: int, *, live: bool) -> lis
     return [TaggedSnapshot(*row) for row in rows]
 
 
-def forget_table(session: Session, tag_id: int, table_id: int) -> None:
-    """Drop what the tag names in the table (and in the tables where it names nothing);
-    the tag itself goes with its last table."""
+def forget_table(session: Session, key: TagKey, table_id: int) -> None:
+    """Drop what the tag ``key`` names in the table (and in the tables where it names
+    nothing); the tag itself goes with its last table. Nothing, if the row is another
+    tag's by now."""
+    tag_id = key.tag_id
+    if session.execute(select(VersionTag.id).where(*_is(key))).first() is None:
+        return
     session.execute(
         delete(VersionTagSnapshot).where(
             VersionTagSnapshot.tag_id == tag_id,
@@ -136,4 +202,4 @@ def forget_table(session: Session, tag_id: int, table_id: int) -> None:
         .where(VersionTagSnapshot.tag_id == tag_id)
     ).scalar_one()
     if not left:
-        delete_tag(session, tag_id)
+        delete_tag(session, key)

@@ -27,7 +27,7 @@ from metaservice.topology import repository as topo
 from metaservice.versions import service as versions
 from metaservice.versions.schemas import ConsistentVersion
 from metaservice.versions.tags import repository as repo
-from metaservice.versions.tags.repository import TaggedSnapshot
+from metaservice.versions.tags.repository import TaggedSnapshot, TagKey
 from metaservice.versions.tags.schemas import TAG_PATTERN, TagView
 
 _TAG = re.compile(TAG_PATTERN)
@@ -152,9 +152,13 @@ def get_tag(session: Session, ctx: Context, name: str, *, ended: bool = False) -
     return view(session, tag)
 
 
-def tag_id(session: Session, name: str) -> int | None:
+def tag_key(session: Session, name: str) -> TagKey | None:
     tag = repo.by_name(session, name)
-    return None if tag is None else tag.id
+    return None if tag is None else repo.key_of(tag)
+
+
+def key_of(tag: VersionTag) -> TagKey:
+    return repo.key_of(tag)
 
 
 def list_tags(
@@ -168,9 +172,10 @@ def list_tags(
     return Page(items=_views(session, tags), total=total, limit=limit, offset=offset)
 
 
-def forget(session: Session, tag_id: int) -> None:
-    """Drop the tag's record (its Iceberg tags are removed already)."""
-    repo.delete_tag(session, tag_id)
+def forget(session: Session, key: TagKey) -> None:
+    """Drop the tag's record (its Iceberg tags are removed already); nothing, when the
+    name was given to a new tag meanwhile."""
+    repo.delete_tag(session, key)
 
 
 # -- what expiry needs ----------------------------------------------------------------------
@@ -190,9 +195,25 @@ def ended_on_table(session: Session, ctx: Context, table: str) -> list[TaggedSna
     return repo.on_table(session, found.id, ctx.now_ms(), live=False)
 
 
-def forget_table(session: Session, tag_id: int, table: str) -> None:
+def forget_table(session: Session, key: TagKey, table: str) -> None:
     """An ended tag's Iceberg tag in ``table`` is dropped: forget it there (and the tag
     with its last table)."""
     found = topo.table_by_name(session, table)
     if found is not None:
-        repo.forget_table(session, tag_id, found.id)
+        repo.forget_table(session, key, found.id)
+
+
+def still_names(session: Session, key: TagKey, table: str, snapshot_id: int) -> bool:
+    """Whether the tag ``key`` still names ``snapshot_id`` in ``table`` (a write
+    transaction: the row is locked while it runs), checked right before its Iceberg tag
+    is removed."""
+    found = topo.table_by_name(session, table)
+    return found is not None and repo.names_snapshot(session, key, found.id, snapshot_id)
+
+
+def live_named(session: Session, ctx: Context, name: str, table: str) -> TaggedSnapshot | None:
+    """The tag ``name`` if it has not ended, with what it names in ``table``."""
+    found = topo.table_by_name(session, table)
+    if found is None:
+        return None
+    return repo.live_named(session, name, found.id, ctx.now_ms())

@@ -1,0 +1,51 @@
+"""Opening the jobs' Iceberg catalog for the service's own work (expiry, tags, mirrors),
+and the error it answers when that cannot be done.
+
+Its own module so that those who need a catalog (``lifecycle.expiry``,
+``versions.tags.publish``, ``revisions.mirrors``) depend on it and not on each other:
+expiry uses the tags' clean-up, and the tags only need a catalog.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from metaservice.errors import ServiceError
+from metaservice.settings import Settings
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+
+CatalogLoader = Callable[[Settings], "Catalog"]
+
+
+class CatalogUnavailable(ServiceError):
+    """The Iceberg catalog or its storage cannot be used right now (or pyiceberg is not
+    installed); the message says what to check."""
+
+    status = 503
+    code = "catalog_unavailable"
+
+
+def open_catalog(
+    settings: Settings, load_catalog: CatalogLoader | None = None, doing: str = "this"
+) -> Catalog:
+    """The jobs' catalog, opened by ``load_catalog`` (default:
+    ``lifecycle.iceberg.load_catalog``); 503 ``catalog_unavailable`` when it cannot be
+    opened, or when pyiceberg is not installed (``doing`` names what needed it)."""
+    try:
+        from metaservice.lifecycle import iceberg
+    except ModuleNotFoundError as exc:
+        raise CatalogUnavailable(
+            f"{doing} needs pyiceberg ({exc.name!r} is not installed): install "
+            "the service with pip install 'metaservice[server,iceberg]'"
+        ) from exc
+    try:
+        return (load_catalog or iceberg.load_catalog)(settings)
+    except Exception as exc:
+        raise CatalogUnavailable(
+            f"cannot open the Iceberg catalog: {exc}. The service uses the jobs' catalog: "
+            "METASERVICE_CATALOG_PROPERTIES, else a SQL catalog in METASERVICE_DB_URL with "
+            "tables under METASERVICE_WAREHOUSE"
+        ) from exc
