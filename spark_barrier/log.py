@@ -21,9 +21,14 @@ batch persisted once its snapshot is committed.
 An embedded log holds each table's rows within the table's
 ``spark-barrier.log.max-bytes`` (default 256 MiB) and keeps
 ``spark-barrier.log.keep-barriers`` persisted barriers (default 2). Rows past the bound
-that no snapshot holds yet are spilled to Arrow files under ``<table location>/log/``;
+that no snapshot holds yet are spilled to Arrow files under ``<table location>/log/``,
+up to ``spark-barrier.log.max-spill-bytes`` (default 4 GiB; past both, appends are
+refused and the log falls behind: the batches commit, readers read the snapshots);
 the driver lists a batch's spilled files in its snapshot's summary right before the
-commit (:meth:`LogTarget.claim_spilled`), and expiring that snapshot deletes them. The log is best effort for writers: a
+commit (:meth:`LogTarget.claim_spilled`), and expiring that snapshot deletes them.
+With a token (``register(..., token=...)``) every call to the log services carries it,
+and an embedded log checks its callers' tokens with the MetaService (on a cluster, where
+it listens on every interface, it refuses to start without one). The log is best effort for writers: a
 log service that is down costs one warning per task, and the batch commits anyway;
 readers then fall back to the table's snapshots. What goes to the log is the rows the
 batch writes (appends, and the new images of upserts and CDC changes); deletes and the
@@ -61,6 +66,7 @@ _ALREADY_PERSISTED = "log_batch_persisted"
 # Table properties an embedded log reads (an external one takes its own options).
 MAX_BYTES_PROPERTY = "spark-barrier.log.max-bytes"
 KEEP_BARRIERS_PROPERTY = "spark-barrier.log.keep-barriers"
+MAX_SPILL_BYTES_PROPERTY = "spark-barrier.log.max-spill-bytes"
 SPILL_FOLDER = "log"  # under the table's location
 
 
@@ -264,6 +270,7 @@ def _configure(
         name,
         max_bytes=number(MAX_BYTES_PROPERTY),
         keep_barriers=number(KEEP_BARRIERS_PROPERTY),
+        max_spill_bytes=number(MAX_SPILL_BYTES_PROPERTY),
         spill_folder=f"{table.location().rstrip('/')}/{SPILL_FOLDER}",
         spill_properties=dict(io_properties),
     )
