@@ -17,12 +17,13 @@ them no other choice:
 - a table empty at the version has no snapshot and reads as empty.
 
 The same metadata is written as a file in the table's own metadata folder, for engines
-that read only the file at ``metadata-location``. Its name,
-``metaservice-pinned-<snapshot>-<digest>.metadata.json``, matches neither of Iceberg's own
-patterns (``v<N>.metadata.json``, ``<NNNNN>-<uuid>.metadata.json``), so nothing that
-lists the folder takes it for the table's latest; the digest of its content makes the
-same pin the same file. A file deleted (by hand, or by a tool cleaning the folder) is
-written again at the next load.
+that read only the file at ``metadata-location``. Some of them (ClickHouse) accept only
+Iceberg's own names (``vN.metadata.json``, ``vN-<uuid>``, ``N-<uuid>``), so it is named
+``00000-00000000-<digest>.metadata.json``: version 0 with a uuid of leading zeros,
+which sorts before every metadata file a catalog writes (``00000-<uuid>`` first), so
+nothing that lists the folder for the highest version takes it for the table's latest.
+The digest of its content makes the same pin the same file. A file deleted (by hand, or
+by a tool cleaning the folder) is written again at the next load.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from pyiceberg.table.snapshots import Snapshot, SnapshotLogEntry
 from metaservice.lifecycle.iceberg import load_catalog
 from metaservice.settings import Settings
 
-PINNED_PREFIX = "metaservice-pinned-"
+PINNED_PREFIX = "00000-00000000-"  # version 0, a uuid sorting first: see above
 
 
 class SnapshotGone(LookupError):
@@ -145,10 +146,9 @@ def as_json(metadata: TableMetadata) -> dict[str, Any]:
 def write_pinned(io: FileIO, location: str, body: dict[str, Any]) -> str:
     """Where the pinned metadata file is, writing it first if it is not there."""
     text = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-    digest = hashlib.sha256(text).hexdigest()[:16]
-    snapshot = body.get("current-snapshot-id", -1)
-    label = "empty" if snapshot in (-1, None) else str(snapshot)
-    path = f"{location.rstrip('/')}/metadata/{PINNED_PREFIX}{label}-{digest}.metadata.json"
+    d = hashlib.sha256(text).hexdigest()
+    name = f"{PINNED_PREFIX}{d[:4]}-{d[4:8]}-{d[8:12]}-{d[12:24]}.metadata.json"
+    path = f"{location.rstrip('/')}/metadata/{name}"
     if not io.new_input(path).exists():
         with io.new_output(path).create(overwrite=True) as out:
             out.write(text)

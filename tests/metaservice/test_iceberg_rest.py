@@ -10,6 +10,8 @@ through a real HTTP server: pyiceberg's RestCatalog and DuckDB's iceberg extensi
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -175,7 +177,9 @@ def test_pinned_metadata_names_nothing_after_the_version(pipeline: Pipeline) -> 
     # The same metadata is a file in the table's metadata folder, under a name no engine
     # takes for the latest; deleted, it is written again at the next load.
     location = table.metadata_location
-    assert location.startswith(md.location + "/metadata/metaservice-pinned-")
+    assert location.startswith(md.location + "/metadata/00000-00000000-")
+    folder = sorted(p.name for p in Path(location.removeprefix("file://")).parent.iterdir())
+    assert folder[0] == Path(location).name  # the lowest version: never taken for the latest
     on_disk = FromInputFile.table_metadata(table.io.new_input(location))
     assert on_disk.current_snapshot_id == pinned_id and on_disk.snapshots == md.snapshots
     Path(location.removeprefix("file://")).unlink()
@@ -257,6 +261,54 @@ def test_duckdb_joins_the_tables_at_the_consistent_version(pipeline: Pipeline) -
     assert orders_sum == total
     run(pipeline, 2)
     assert con.execute("SELECT sum(n) FROM ms.ods.orders").fetchall() == [(orders_sum,)]
+
+
+# -- ClickHouse (chdb) -------------------------------------------------------------------------
+
+# ClickHouse reads local files only under its user_files_path, "." for chdb: the query
+# runs in a process of its own started in "/", so the test's warehouse is inside it.
+CHDB_QUERY = """
+import sys
+from chdb import session
+s = session.Session()
+s.query("SET allow_experimental_database_iceberg = 1")
+s.query(
+    f"CREATE DATABASE ms ENGINE = DataLakeCatalog('{sys.argv[1]}') SETTINGS "
+    f"catalog_type = 'rest', warehouse = '{sys.argv[2]}', vended_credentials = 0"
+)
+print(s.query(sys.argv[3], "CSV"), end="")
+"""
+
+
+def chdb_rows(url: str, warehouse: str, sql: str) -> list[str]:
+    pytest.importorskip("chdb")
+    done = subprocess.run(
+        [sys.executable, "-c", CHDB_QUERY, url + "/iceberg/v1", warehouse, sql],
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.split()
+
+
+def test_clickhouse_reads_the_tables_at_the_consistent_version(pipeline: Pipeline) -> None:
+    run(pipeline, 3)
+    early = version(pipeline)
+    r = pipeline.http.post(f"{API}/versions/tags", json={"name": "ch", "tables": [ORDERS, TOTAL]})
+    assert r.status_code in (200, 201), r.text
+    run(pipeline, 2)
+    sql = "SELECT (SELECT sum(n) FROM ms.`ods.orders`), (SELECT max(n) FROM ms.`dws.total`)"
+    for warehouse in ("consistent", f"at:{early['barrier']}", "tag:ch"):
+        (row,) = chdb_rows(pipeline.url, warehouse, sql)
+        orders_sum, total = row.split(",")
+        assert orders_sum == total, (warehouse, row)
+    (early_row,) = chdb_rows(pipeline.url, "tag:ch", sql)
+    (at_tag,) = [
+        w for w in pipeline.lake.written[TOTAL] if w.snapshot_id == early["snapshots"][TOTAL]
+    ]
+    assert int(early_row.split(",")[1]) == at_tag.rows[0]  # the tag's, not the latest
 
 
 # -- errors, auth and writes ----------------------------------------------------------------
