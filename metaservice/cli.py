@@ -40,6 +40,7 @@ from metaservice.cli_output import (
     printer,
 )
 from metaservice.client import MetaServiceClient, MetaServiceError
+from metaservice.iceberg_rest import cli as catalog_cli
 from metaservice.lifecycle.cli import ExpireEveryOption
 from metaservice.lifecycle.cli import expire as expire_command
 from metaservice.lineage.schemas import SnapshotLineage
@@ -275,7 +276,7 @@ def start(
     """Start the MetaService, applying database migrations first if it is behind."""
     import uvicorn
 
-    from metaservice.logs import log_config
+    from metaservice.logs import log_config, redact_url
     from metaservice.metrics import share_between_workers
     from metaservice.migrate import upgrade
     from metaservice.settings import CONFIG_ENV
@@ -302,13 +303,13 @@ def start(
     try:
         revision = upgrade(settings.db_url)
     except Exception as exc:
-        raise _fail(f"cannot prepare the database {settings.db_url}: {exc}") from exc
+        raise _fail(f"cannot prepare the database {redact_url(settings.db_url)}: {exc}") from exc
     if reconcile and not _reconcile(settings, None, check=False).ok:
         err.print("[bold yellow]warning:[/] reconciliation left conflicts; starting anyway")
     console.print(
         f"MetaService on {'https' if ssl_certfile else 'http'}://{settings.host}:{settings.port} "
         f"(API docs at /docs), auth {'required' if settings.auth_required else 'off'}, "
-        f"database {settings.db_url} at migration {revision}, "
+        f"database {redact_url(settings.db_url)} at migration {revision}, "
         f"barrier interval {settings.barrier_interval_ms} ms"
     )
     # Workers are separate processes: they rebuild the app from the environment.
@@ -382,13 +383,14 @@ def _token_db(db: str | None) -> tuple[Context, Database]:
     """The settings' database, migrated (a fresh one is often first touched by `token create`)."""
     from metaservice.context import Context
     from metaservice.db import Database
+    from metaservice.logs import redact_url
     from metaservice.migrate import upgrade
 
     settings = _settings(db_url=db)
     try:
         upgrade(settings.db_url)
     except Exception as exc:
-        raise _fail(f"cannot prepare the database {settings.db_url}: {exc}") from exc
+        raise _fail(f"cannot prepare the database {redact_url(settings.db_url)}: {exc}") from exc
     return Context(settings=settings), Database(settings.db_url)
 
 
@@ -986,6 +988,7 @@ def lease_release(
 
 
 app.command("expire")(expire_command)
+app.command("catalog")(catalog_cli.catalog)
 app.command("tag")(tags_cli.tag)
 app.command("tags")(tags_cli.tags)
 app.command("untag")(tags_cli.untag)

@@ -24,9 +24,11 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.serializers import FromInputFile
+from typer.testing import CliRunner
 
 from metaservice.app import create_app
 from metaservice.auth.schemas import Role
+from metaservice.cli import app as cli_app
 from metaservice.clock import ManualClock
 from metaservice.settings import Settings
 from spark_barrier.iceberg.catalog import open_catalog
@@ -36,6 +38,9 @@ from tests.metaservice.test_auth import issue
 from tests.metaservice.test_expiry import Lake
 
 ORDERS, TOTAL = "ods.orders", "dws.total"
+# The engines' tests run on SQLite only: what an engine reads is the same whichever
+# database the service keeps its sessions in, which the other tests cover on both.
+ENGINE_ON_SQLITE = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 
 
 class Pipeline:
@@ -252,6 +257,7 @@ def duckdb_attached(url: str, warehouse: str, token: str | None = None) -> Any:
     return con
 
 
+@ENGINE_ON_SQLITE
 def test_duckdb_joins_the_tables_at_the_consistent_version(pipeline: Pipeline) -> None:
     run(pipeline, 3)
     con = duckdb_attached(pipeline.url, "consistent")
@@ -261,6 +267,52 @@ def test_duckdb_joins_the_tables_at_the_consistent_version(pipeline: Pipeline) -
     assert orders_sum == total
     run(pipeline, 2)
     assert con.execute("SELECT sum(n) FROM ms.ods.orders").fetchall() == [(orders_sum,)]
+
+
+@ENGINE_ON_SQLITE
+def test_the_duckdb_lines_metaservice_catalog_prints_attach_and_read(pipeline: Pipeline) -> None:
+    run(pipeline, 2)
+    printed = CliRunner().invoke(
+        cli_app,
+        ["catalog", "--engine", "duckdb", "--url", pipeline.url, "--warehouse", "consistent"],
+    )
+    assert printed.exit_code == 0, printed.output
+    (attach,) = [line.strip() for line in printed.output.splitlines() if "ATTACH" in line]
+    con = duckdb_attached(pipeline.url, "consistent")
+    con.execute("DETACH ms")
+    con.execute(attach)
+    ((orders_sum, total),) = con.execute(
+        "SELECT (SELECT sum(n) FROM ms.ods.orders), (SELECT max(n) FROM ms.dws.total)"
+    ).fetchall()
+    assert orders_sum == total
+
+
+@ENGINE_ON_SQLITE
+def test_duckdb_reads_with_a_reader_token_when_auth_is_on(
+    db_url: str, tmp_path: Path, clock: ManualClock, jobs_catalog: Catalog
+) -> None:
+    settings = Settings(db_url=db_url, warehouse=str(tmp_path / "warehouse"), auth_required=True)
+    admin, reader = issue(db_url, Role.ADMIN), issue(db_url, Role.READER)
+    with (
+        LiveServer(create_app(settings, clock)) as server,
+        httpx.Client(
+            base_url=server.url, headers={"Authorization": f"Bearer {admin}"}, timeout=30
+        ) as http,
+    ):
+        lake = Lake(
+            jobs_catalog,
+            report=lambda *r: commit(http, *r),
+            ask=lambda job, batch_id: barrier(http, job, batch_id)["barrier"],
+            clock=clock,
+        )
+        run(Pipeline(http, lake, server.url), 2)
+        con = duckdb_attached(server.url, "consistent", token=reader)
+        ((orders_sum, total),) = con.execute(
+            "SELECT (SELECT sum(n) FROM ms.ods.orders), (SELECT max(n) FROM ms.dws.total)"
+        ).fetchall()
+        assert orders_sum == total
+        with pytest.raises(Exception, match=r"401|[Uu]nauthori"):
+            duckdb_attached(server.url, "consistent")
 
 
 # -- ClickHouse (chdb) -------------------------------------------------------------------------
@@ -293,6 +345,7 @@ def chdb_rows(url: str, warehouse: str, sql: str) -> list[str]:
     return done.stdout.split()
 
 
+@ENGINE_ON_SQLITE
 def test_clickhouse_reads_the_tables_at_the_consistent_version(pipeline: Pipeline) -> None:
     run(pipeline, 3)
     early = version(pipeline)
