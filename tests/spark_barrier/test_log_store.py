@@ -9,18 +9,24 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pyarrow as pa
 import pytest
 
 import spark_barrier
+from examples.embedded import EmbeddedMetaService
+from metaservice.client import MetaServiceClient
 from metaservice.contract import parse_log_files, parse_stamp
 from metaservice.logstore import LogNotEnabled, LogReader
 from metaservice.logstore.server import LogService
+from metaservice.settings import Settings
 from spark_barrier import BarrierConfigError
 from spark_barrier.faults import ENV, EXIT_CODE
+from spark_barrier.iceberg.catalog import open_catalog
 from tests.spark_barrier import log_driver
 from tests.spark_barrier.pipeline import NUMBERS_SCHEMA, Service, rate_numbers
 
@@ -402,3 +408,78 @@ def test_a_reader_far_behind_reads_snapshots_then_the_log_and_expiry_deletes_spi
 
 def _on_disk(uri: str) -> bool:
     return Path(uri.removeprefix("file://")).exists()
+
+
+@pytest.fixture
+def secured(tmp_path: Path) -> Iterator[tuple[Service, dict[str, str]]]:
+    """A MetaService requiring tokens (its SQLite file is the catalog), and a writer's
+    and a reader's token."""
+    from metaservice.auth import service as auth_service
+    from metaservice.auth.schemas import Role
+    from metaservice.clock import SystemClock
+    from metaservice.context import Context
+    from metaservice.db import Database
+
+    db_url = f"sqlite:///{tmp_path / 'metaservice.db'}"
+    warehouse = str(tmp_path / "tables")
+    settings = Settings(
+        db_url=db_url, warehouse=warehouse, barrier_interval_ms=500, port=0, auth_required=True
+    )
+    with EmbeddedMetaService(settings) as url:
+        db = Database(db_url)
+        ctx = Context(settings=settings, clock=SystemClock())
+        tokens = {
+            role.value: db.write(lambda s, r=role: auth_service.create_token(s, ctx, r, "t")).token
+            for role in (Role.WRITER, Role.READER)
+        }
+        db.dispose()
+        with MetaServiceClient(url, token=tokens["writer"]) as client:
+            catalog = open_catalog(db_url, warehouse)
+            yield Service(url, db_url, warehouse, tmp_path / "state", client, catalog), tokens
+
+
+def test_with_auth_the_embedded_log_checks_tokens_and_its_writers_and_readers_bring_theirs(
+    spark: Any, secured: tuple[Service, dict[str, str]]
+) -> None:
+    """register(..., token=...) is all the wiring: the driver's log service checks every
+    caller's token with the MetaService, proves its own to it (so its address is
+    accepted), the write tasks append with the job's token, and a reader made from a
+    MetaService client reads with that client's."""
+    service, tokens = secured
+    job = spark_barrier.register(
+        spark,
+        service.url,
+        job="ingest_secured",
+        outputs={"ods.secured": NUMBERS_SCHEMA},
+        catalog_uri=service.db_url,
+        warehouse=service.warehouse,
+        state_dir=service.state_dir,
+        token=tokens["writer"],
+        log="embedded",
+    )
+    log_url = _log_published(service, "ods.secured").address
+    assert httpx.get(f"{log_url}/v1/status", timeout=10).status_code == 401
+    injected = httpx.post(
+        f"{log_url}/v1/tables/ods.secured/reset", json={"after_batch_id": None}, timeout=10
+    )
+    assert injected.status_code == 401
+    writer = job.start(rate_numbers(spark, 40), job.sink(), trigger_seconds=0.5)
+    try:
+        with MetaServiceClient(service.url, token=tokens["reader"]) as reading:
+            reader = LogReader.from_metaservice(
+                "ods.secured", reading, catalog=service.catalog, start="earliest"
+            )
+            follower = Follower(reader, interval=0.05)
+            deadline = time.monotonic() + 90
+            while len(follower.ids_from_the_log()) < 40 and time.monotonic() < deadline:
+                assert writer.exception() is None, writer.exception()
+                time.sleep(0.5)
+            shown = reading.get_table_log("ods.secured")
+    finally:
+        spark_barrier.stop_between_batches(writer)
+        job.close()
+    table = _table_ids(service, "ods.secured")
+    follower.until_caught_up(table)
+    assert table and table <= set(follower.ids())
+    assert follower.ids_from_the_log(), "the reader never read the log"
+    assert shown.reachable and shown.status is not None and shown.status.entries >= 0
