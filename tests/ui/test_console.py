@@ -85,6 +85,8 @@ def test_graph_shows_jobs_and_tables_and_a_click_opens_the_table_page(
     open_console(page, small.url + "/ui/")
     page.wait_for_function("() => window.metaConsole.drawnNodes().length >= 10")
     assert drawn(page) == {f"job:{j}" for j in JOBS} | {f"table:{t}" for t in TABLES}
+    # Where engines attach to read every table at one consistent version.
+    assert page.inner_text("#catalog-uri") == small.url + "/iceberg"
     assert "5 tables, 5 jobs" in page.inner_text("#focus-label")
     check_screenshot(page, tmp_path / "graph.png")
 

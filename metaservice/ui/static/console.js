@@ -18,6 +18,10 @@
 
   cytoscape.use(cytoscapeDagre);
 
+  // The Iceberg REST catalog is served beside the API: engines attach with uri=<this>.
+  document.getElementById("catalog-uri").textContent =
+    new URL("../iceberg", location.href).href.replace(/\/$/, "");
+
   // -- small helpers --------------------------------------------------------------------------
 
   function h(tag, attrs, ...children) {
