@@ -96,6 +96,13 @@ class RevisionView(BaseModel):
     updated_ms: int
     tables: list[MirrorView] = Field(description="The affected tables, by name")
     must_run: list[MustRun] = Field(description="The writers of the affected tables, by name")
+    swap_waits_for: str | None = Field(
+        None,
+        description="While swapping: what the swap waits for before it can happen (an "
+        "original's open batch to be reported, a mirror to reach its frozen original, or "
+        "a table whose consistent version with the affected ones would go back); null "
+        "otherwise",
+    )
 
 
 class SwapRequest(BaseModel):

@@ -456,9 +456,30 @@ def _views(session: Session, ctx: Context, revisions: list[Revision]) -> list[Re
                 updated_ms=r.updated_ms,
                 tables=tables,
                 must_run=_must_run(r.id, affected[r.id], inputs),
+                swap_waits_for=_waits_in_view(session, ctx, r, affected[r.id], jobs),
             )
         )
     return views
+
+
+def _waits_in_view(
+    session: Session,
+    ctx: Context,
+    revision: Revision,
+    affected: list[Affected],
+    jobs: dict[str, Job | None],
+) -> str | None:
+    """What a swapping revision waits for, as a read (nothing locked); None otherwise."""
+    if revision.state != SWAPPING:
+        return None
+    originals: dict[str, Job] = {}
+    revised: dict[str, Job] = {}
+    for a in affected:
+        original, job = jobs.get(a.writer), jobs.get(revision_job_name(a.writer, revision.id))
+        if original is None or job is None:
+            return None  # a job deleted meanwhile: the swap itself says so
+        originals[a.writer], revised[a.writer] = original, job
+    return _swap_waits_for(session, ctx, revision.id, affected, originals, revised)
 
 
 @dataclass(frozen=True)
@@ -652,21 +673,12 @@ def finish_swap(
             code="revision_cancelled",
         )
     originals, revised = _lock_jobs(session, ctx, revision_id, affected)
-    if any(barrier_repo.open_batch(session, j.id) is not None for j in originals.values()):
-        return None  # its report will raise the original's frontier: wait for it
-    front = fr.frontiers(session, ctx, [*originals.values(), *revised.values()])
-    reached = {
-        a.table_id: front[revised[a.writer].id]
-        for a in affected
-        if front[revised[a.writer].id] >= front[originals[a.writer].id]
-    }
-    if len(reached) < len(affected):
+    waits = _swap_waits_for(session, ctx, revision_id, affected, originals, revised)
+    if waits is not None:
+        log.info("revision %d waits to swap: %s", revision_id, waits)
         return None
-    frozen = {a.table: front[originals[a.writer].id] for a in affected}
-    goes_back = _version_going_back(session, ctx, revision_id, affected, frozen)
-    if goes_back is not None:
-        log.info("revision %d waits to swap: %s", revision_id, goes_back)
-        return None
+    front = fr.frontiers(session, ctx, list(revised.values()))
+    reached = {a.table_id: front[revised[a.writer].id] for a in affected}
     mirrors = topo.tables_by_names(session, [a.mirror for a in affected])
     lease_repo.lock_tables(
         session, [a.table_id for a in affected] + [t.id for t in mirrors.values()], exclusive=True
@@ -708,6 +720,35 @@ def _retention_follows_the_name(
             retention_repo.set_retention(
                 session, mirrors[a.mirror].id, own.keep_last, own.keep_for_seconds, now
             )
+
+
+def _swap_waits_for(
+    session: Session,
+    ctx: Context,
+    revision_id: int,
+    affected: list[Affected],
+    originals: dict[str, Job],
+    revised: dict[str, Job],
+) -> str | None:
+    """What a swapping revision waits for before its records can be swapped; None when
+    nothing. ``originals`` and ``revised``: the original writers and their revision jobs,
+    by original name."""
+    still_open = sorted(
+        j.name for j in originals.values() if barrier_repo.open_batch(session, j.id) is not None
+    )
+    if still_open:
+        # their reports will raise the originals' frontiers
+        return f"the batch open in original job(s) {', '.join(still_open)} to be reported"
+    front = fr.frontiers(session, ctx, [*originals.values(), *revised.values()])
+    behind = [
+        f"{a.mirror} at {front[revised[a.writer].id]}, {a.table} at {front[originals[a.writer].id]}"
+        for a in affected
+        if front[revised[a.writer].id] < front[originals[a.writer].id]
+    ]
+    if behind:
+        return "the mirrors to reach their frozen originals (" + "; ".join(behind) + ")"
+    frozen = {a.table: front[originals[a.writer].id] for a in affected}
+    return _version_going_back(session, ctx, revision_id, affected, frozen)
 
 
 def _version_going_back(

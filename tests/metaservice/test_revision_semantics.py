@@ -127,6 +127,8 @@ def test_the_swap_waits_until_no_consistent_version_would_go_back(
 
     assert r.status_code == 202, r.text
     assert r.json()["state"] == "swapping"
+    waits = r.json()["swap_waits_for"]
+    assert "'dw.x'" in waits and f"at barrier {handed_out}" in waits, waits
     assert consistent(client, "dw.d,dw.x").json()["barrier"] == handed_out  # nothing swapped
     # x catches up: the swap goes through once x is exact where the mirror is
     for batch_id in range(12, 20):
@@ -134,6 +136,7 @@ def test_the_swap_waits_until_no_consistent_version_would_go_back(
         if swap(client, rid, wait_seconds=0.3).status_code == 200:
             break
     assert revision_state(client, rid) == "swapped"
+    assert get_json(client, f"/revisions/{rid}")["swap_waits_for"] is None
     after = consistent(client, "dw.d,dw.x").json()
     assert after["barrier"] >= handed_out, (after, handed_out, mirror_barriers)
     assert consistent(client, "dw.d").json()["barrier"] >= max(mirror_barriers)
