@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from metaservice import __version__
@@ -29,6 +30,7 @@ from metaservice.delay.endpoints import router as delay_router
 from metaservice.deps import Services
 from metaservice.docs import install_docs, operation_id
 from metaservice.errors import ServiceError
+from metaservice.http_guard import CleanInput, install_site_checks
 from metaservice.lifecycle.endpoints import router as lifecycle_router
 from metaservice.lifecycle.schedule import start_schedule
 from metaservice.lineage.endpoints import router as lineage_router
@@ -36,6 +38,7 @@ from metaservice.logs import RequestId
 from metaservice.metrics import REQUESTS, observe_version_request
 from metaservice.migrate import behind_message, current_revision, head_revision
 from metaservice.openlineage.emit import start_emitting
+from metaservice.openlineage.endpoints import INGEST_PATH
 from metaservice.openlineage.endpoints import router as openlineage_router
 from metaservice.ops.endpoints import router as ops_router
 from metaservice.revisions.endpoints import router as revisions_router
@@ -49,9 +52,11 @@ from metaservice.versions.tags.endpoints import router as tags_router
 
 log = logging.getLogger("metaservice")
 API_PREFIX = "/api/v1"
-# Every /api/v1 route may answer these; 422 is the service's ErrorBody, not FastAPI's
+LINEAGE_INGEST = API_PREFIX + INGEST_PATH
+# Every /api/v1 route may answer these (415: a body not sent as JSON); 422 is the service's
+# ErrorBody, not FastAPI's
 # default HTTPValidationError. Routes declare their other errors (404, 409, 413, ...).
-API_ERRORS = error_responses(401, 403, 422)
+API_ERRORS = error_responses(401, 403, 415, 422)
 
 
 def create_app(settings: Settings | None = None, clock: Clock | None = None) -> FastAPI:
@@ -112,7 +117,11 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
     install_console(app, API_PREFIX)  # the web console at /ui and its read endpoint
     _install_error_handlers(app)
     app.add_middleware(ObserveRequests)
+    # Inside the body limit, so the body it reads is bounded; the OpenLineage ingest checks
+    # its body itself, inflated, and answers in its own form.
+    app.add_middleware(CleanInput, api_prefix=API_PREFIX, own_body_check=[LINEAGE_INGEST])
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    install_site_checks(app, settings)  # Host, Origin (and CORS) before any body is read
     app.add_middleware(RequestId)  # outermost: every answer carries its X-Request-ID
     return app
 
@@ -146,9 +155,13 @@ def _install_error_handlers(app: FastAPI) -> None:
         return _error(422, "invalid_request", message, field=field, errors=details)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return _error(exc.status_code, code, str(exc.detail))
+        response = _error(exc.status_code, code, str(exc.detail))
+        response.headers.update(exc.headers or {})
+        if exc.status_code == 405:
+            response.headers["Allow"] = ", ".join(_allowed_methods(request))
+        return response
 
     @app.exception_handler(PoolTimeout)
     async def no_connection(request: Request, exc: PoolTimeout) -> JSONResponse:
@@ -195,6 +208,22 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return _error(500, "internal", "internal error; the service log has the details")
+
+
+HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """The methods some route takes at the request's path. Asked of the router method by
+    method: FastAPI makes a route per method, and its 405 names the first one's alone."""
+    routes = request.app.router.routes
+    return [
+        method
+        for method in HTTP_METHODS
+        if any(
+            route.matches({**request.scope, "method": method})[0] is Match.FULL for route in routes
+        )
+    ]
 
 
 def _revision_or_head(db: Database) -> str | None:

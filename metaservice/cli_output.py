@@ -9,6 +9,9 @@ One place for each fact, so that all commands print and read the same way:
   stderr so that stdout holds the header and the rows only.
 - Times are shown as ISO-8601 (UTC) and relative: ``2026-05-01T12:00:00.000Z (5 s ago)``;
   a frontier of a table that never committed is ``no data yet``.
+- Whatever the service answered is shown with its control characters escaped
+  (``printable``): an ESC in a job description prints as ``\\x1b``, and never reaches
+  the terminal as the start of a sequence; JSON output escapes them as JSON does.
 - Wherever a barrier is asked for, it is read as epoch milliseconds, ISO-8601
   (``2026-05-01T12:00:00Z``; no zone means UTC), ``now``, or relative (``10m ago``).
 
@@ -46,6 +49,7 @@ __all__ = [
     "frontier",
     "parse_barrier",
     "parse_duration",
+    "printable",
     "printer",
     "when",
 ]
@@ -81,10 +85,23 @@ JsonFlag = Annotated[bool, typer.Option("--json", hidden=True, help="Same as --o
 
 _err = Console(stderr=True)
 
+# C0 and C1 control characters (ESC starts the terminal's sequences), DEL, and the
+# bidirectional overrides that reorder what is shown. Newlines and tabs are layout.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` with its control characters written as escapes, for a terminal.
+
+    >>> printable("ok\\x1b[2Jgone\\u202e")
+    'ok\\\\x1b[2Jgone\\\\u202e'
+    """
+    return _CONTROL.sub(lambda found: found.group().encode("unicode_escape").decode(), text)
+
 
 def fail(message: str) -> typer.Exit:
     """Print ``error: message`` on stderr; raise the answer (exit status 1)."""
-    _err.print(f"[bold red]error:[/] {escape(message)}")
+    _err.print(f"[bold red]error:[/] {escape(printable(message))}")
     return typer.Exit(code=1)
 
 
@@ -111,14 +128,14 @@ class Printer:
 
     def line(self, text: str) -> None:
         """A line of rich markup; plain text when piped (markup removed, not wrapped)."""
-        self.console.print(text, soft_wrap=self.plain)
+        self.console.print(printable(text), soft_wrap=self.plain)
 
     def note(self, text: str) -> None:
         """A summary line: on stdout on a terminal, on stderr when piped."""
         if self.plain:
-            self.err.print(text, markup=False, soft_wrap=True, highlight=False)
+            self.err.print(printable(text), markup=False, soft_wrap=True, highlight=False)
         else:
-            self.console.print(text)
+            self.console.print(printable(text))
 
     def table(self, title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         """Rows of plain strings (not markup) under ``columns``."""
@@ -126,11 +143,11 @@ class Printer:
             self.note(title)
             typer.echo(plain_table(columns, rows), nl=False)
             return
-        table = RichTable(title=escape(title))
+        table = RichTable(title=escape(printable(title)))
         for column in columns:
             table.add_column(column)
         for row in rows:
-            table.add_row(*(escape(cell) for cell in row))
+            table.add_row(*(escape(printable(cell)) for cell in row))
         self.console.print(table)
 
 
@@ -156,7 +173,7 @@ def plain_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def _one_line(cell: str) -> str:
-    return " ".join(cell.split()) if "\n" in cell or "\t" in cell else cell
+    return printable(" ".join(cell.split()) if "\n" in cell or "\t" in cell else cell)
 
 
 def _jsonable(data: Any) -> Any:

@@ -130,6 +130,25 @@ def _is_json(value: Any) -> bool:
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
 
 
+def redact_url(url: str) -> str:
+    """``url`` with the password of its user part (or a lone token there) replaced, for
+    logs and terminals: ``http://u:secret@marquez:5000`` gives ``http://u:***@marquez:5000``.
+
+    >>> redact_url("postgresql+psycopg://svc:S3cret@db/ms"), redact_url("http://tok@h:1/x")
+    ('postgresql+psycopg://svc:***@db/ms', 'http://***@h:1/x')
+    >>> redact_url("http://marquez:5000")
+    'http://marquez:5000'
+    """
+    scheme, sep, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    userinfo, at, host = authority.rpartition("@")
+    if not sep or not at:
+        return url
+    user, colon, _ = userinfo.partition(":")
+    hidden = f"{user}:***" if colon else "***"
+    return f"{scheme}://{hidden}@{host}{slash}{path}"
+
+
 def log_config(level: str = "info", fmt: str = "text") -> dict[str, Any]:
     """A :func:`logging.config.dictConfig` for the service and uvicorn (its ``log_config``):
     every logger, access log included, through one handler on stderr in ``fmt``."""

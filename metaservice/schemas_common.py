@@ -31,10 +31,12 @@ class ErrorBody(BaseModel):
 ERROR_DESCRIPTIONS = {
     400: "The request body is not valid JSON",
     401: "Auth is on and the request has no known token",
-    403: "The token's role is too small for this request",
+    403: "The token's role is too small for this request, or a browser page of another "
+    "origin sent it",
     404: "A job, table, lease, snapshot or token that does not exist",
     409: "Contradicts what is recorded (cycle, second writer, out-of-order batch, no version yet)",
     413: "Past a configured bound (body size, page size, tables per query, lineage depth)",
+    415: "The request body is not sent as JSON (Content-Type: application/json)",
     422: "The request is well-formed but breaks a rule",
 }
 

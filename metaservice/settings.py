@@ -70,6 +70,20 @@ class Settings(BaseSettings):
     )
     host: str = "127.0.0.1"
     port: int = 8765
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Host names the service answers to besides localhost and IP addresses "
+        '(JSON in METASERVICE_ALLOWED_HOSTS, e.g. ["metaservice.example.com", "*.corp.example"]; '
+        '"*": any). A request naming another Host is refused (400 host_not_allowed), so that '
+        "a web page cannot reach the service through a name it controls (DNS rebinding).",
+    )
+    cors_origins: list[str] = Field(
+        default_factory=list,
+        description="Origins (scheme://host[:port]) whose web pages may call the API from a "
+        'browser (JSON in METASERVICE_CORS_ORIGINS, e.g. ["https://grafana.example.com"]): CORS '
+        "is answered for them and their requests accepted. Empty: CORS is off and browser "
+        "requests from any other origin are refused (403 cross_origin).",
+    )
     barrier_interval_ms: int = Field(1000, gt=0, description="Width of one barrier-clock slot.")
     retention_keep_last: int = Field(
     log_spill_locations: list[str] = Field(

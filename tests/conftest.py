@@ -29,6 +29,10 @@ from tests.cluster import StandaloneCluster
 from tests.s3 import S3Server
 
 PG_ENV = "METASERVICE_TEST_PG_URL"
+# Starlette's TestClient calls the app by the Host name "testserver". The service answers
+# only to names it expects (metaservice.http_guard): the tests name theirs, as a deployment
+# names its own in allowed_hosts.
+os.environ.setdefault("METASERVICE_ALLOWED_HOSTS", '["testserver"]')
 START_MS = 1_700_000_000_000  # on the 1 s grid
 
 

@@ -39,6 +39,7 @@ from sqlalchemy.orm import Session, UOWTransaction
 from metaservice import __version__
 from metaservice.context import Context
 from metaservice.db import Database
+from metaservice.logs import redact_url
 from metaservice.models import Batch, OpenLineageOutbox
 from metaservice.models import Job as JobRow
 from metaservice.openlineage import repository as repo
@@ -260,5 +261,5 @@ def start_emitting(db: Database, ctx: Context) -> Emitter | None:
     sender = Sender(db, ctx.settings).start()
     emitter = Emitter(db, ctx, sender)
     emitter.install()
-    log.info("emitting OpenLineage events to %s", ctx.settings.openlineage_url)
+    log.info("emitting OpenLineage events to %s", redact_url(ctx.settings.openlineage_url))
     return emitter

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from sqlalchemy.orm import Session
 from metaservice.context import Context
 from metaservice.errors import ServiceError, TooLarge
 from metaservice.models import ObservedDataset, ObservedEdge, ObservedJob, OpenLineageEvent
-from metaservice.names import TABLE_PATTERN
+from metaservice.names import is_table_name
 from metaservice.openlineage import repository as repo
 from metaservice.openlineage.schemas import (
     EVENT_MODELS,
@@ -37,7 +36,6 @@ from metaservice.openlineage.schemas import (
 from metaservice.topology.graph import table_node
 
 SCHEMA_KINDS = {"RunEvent": "run", "JobEvent": "job", "DatasetEvent": "dataset"}
-_TABLE = re.compile(TABLE_PATTERN)
 
 
 class BadEvent(ServiceError):
@@ -275,9 +273,7 @@ def known_tables(barrier: nx.DiGraph, datasets: Sequence[ObservedDataset]) -> se
     (an Iceberg table written outside the barrier jobs is a table all the same)."""
     tables = {data["name"] for _, data in barrier.nodes(data=True) if data["kind"] == "table"}
     for dataset in datasets:
-        tables.update(
-            name for name in json.loads(dataset.symlinks) if len(name) <= 400 and _TABLE.match(name)
-        )
+        tables.update(name for name in json.loads(dataset.symlinks) if is_table_name(name))
     return tables
 
 
