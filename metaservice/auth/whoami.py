@@ -1,6 +1,6 @@
 """``GET /api/v1/whoami``: what the caller's token is (its role and scope), for the log
-services, which check each caller's token with the MetaService; and the check of a log
-service's proof that it holds a token (:mod:`metaservice.logstore.proof`).
+services, which check each caller's token with the MetaService; and how a request calls
+log services (:func:`log_probe`).
 
 Any valid token may ask about itself (a reader's too); without auth every caller is the
 anonymous admin. A log service keeps each answer briefly, so a revoked token is refused
@@ -9,17 +9,13 @@ there within its cache time.
 
 from __future__ import annotations
 
-import hmac
-
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
-from sqlalchemy.orm import Session
 
-from metaservice.auth import repository as repo
+from metaservice.auth.log_services import log_service_key
 from metaservice.auth.schemas import Role
 from metaservice.auth.service import Caller
 from metaservice.deps import Services, caller, services
-from metaservice.logstore import proof
 from metaservice.logstore.probe import LogProbe
 from metaservice.schemas_common import error_responses
 
@@ -45,18 +41,6 @@ def whoami(who: Caller = Depends(caller), s: Services = Depends(services)) -> Wh
         jobs=list(who.jobs) if who.jobs is not None else None,
         auth_required=s.ctx.settings.auth_required,
     )
-
-
-def log_service_key(session: Session, token_id: int, nonce: str, mac: str) -> str | None:
-    """The key of a log service whose proof for ``nonce`` holds: its token's stored hash
-    (which signs the MetaService's calls to it). None when the proof does not hold, the
-    token is gone, or it is not a writer's."""
-    row = repo.by_id(session, token_id)
-    if row is None or not Role(row.role).includes(Role.WRITER):
-        return None
-    if not hmac.compare_digest(proof.identity_mac(row.token_hash, nonce), mac):
-        return None
-    return row.token_hash
 
 
 def log_probe(s: Services) -> LogProbe:

@@ -173,7 +173,7 @@ def start(
     """
     try:
         from metaservice.logstore.auth import LogAuth, LogAuthError
-        from metaservice.logstore.server import BodyLimits, serve
+        from metaservice.logstore.server import BodyLimits, prepare, serve
         from metaservice.logstore.store import LogStore
     except ModuleNotFoundError as exc:
         raise fmt.fail(
@@ -192,6 +192,10 @@ def start(
     auth = LogAuth(metaservice_url, token=token) if metaservice_url else None
     if token and auth is None:
         raise fmt.fail("a token is given without --metaservice-url: give the MetaService's URL")
+    try:
+        prepare(host, auth)  # before anything is said about a service that will not start
+    except LogAuthError as exc:
+        raise fmt.fail(str(exc)) from None
     spills = (
         f"spills to {spill_dir}, up to {shown_bytes(max_spill_bytes)} per table"
         if spill_dir

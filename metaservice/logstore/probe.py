@@ -40,6 +40,7 @@ __all__ = [
     "LogProbe",
     "ProbeAnswer",
     "origin_of",
+    "signed_credential",
 ]
 
 T = TypeVar("T")
@@ -230,6 +231,48 @@ async def _within(tasks: Sequence[asyncio.Task[T]], deadline: float) -> set[asyn
     if pending:
         await asyncio.gather(*pending, return_exceptions=True)
     return done
+
+
+def signed_credential(
+    address: str,
+    action: str,
+    table: str,
+    verify: Callable[[int, str, str], str | None],
+    *,
+    timeout: float = PROBE_DEADLINE_S,
+) -> str | None:
+    """A MetaService credential for ``action`` on ``table`` at the log service at
+    ``address``, once it proved it holds a writer token (``verify``: the proof's check,
+    as :class:`LogProbe` takes it, but blocking); None when it proves nothing (a log
+    service without auth, or something else)."""
+    origin = origin_of(address)
+    if origin is None:
+        return None
+    nonce = secrets.token_hex(16)
+    try:
+        with (
+            httpx.Client(timeout=timeout, trust_env=False, verify=tls_context()) as client,
+            client.stream(
+                "GET", f"{origin}{wire.API_PREFIX}/identity", params={"nonce": nonce}
+            ) as response,
+        ):
+            body = b""
+            for chunk in response.iter_bytes():
+                body += chunk
+                if len(body) > MAX_IDENTITY_BYTES:
+                    return None
+            if response.status_code != 200:
+                return None
+        found = json.loads(body)
+    except (httpx.HTTPError, ValueError, RecursionError):
+        return None
+    if not isinstance(found, dict):
+        return None
+    token_id, mac = found.get("token_id"), found.get("mac")
+    if not isinstance(token_id, int) or not isinstance(mac, str) or len(mac) > 200:
+        return None
+    secret = verify(token_id, nonce, mac)
+    return None if secret is None else proof.sign(secret, token_id, action, table)
 
 
 # Origins that gave no proof lately, per process: not called again until then.

@@ -23,9 +23,11 @@ snapshots until a writer publishes a log again.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
-from metaservice.logstore import wire
+from metaservice.logstore import proof, wire
 from metaservice.logstore.client import LogApiError, LogWriter
+from metaservice.logstore.probe import signed_credential
 from metaservice.revisions.service import ReplacedLog
 
 log = logging.getLogger(__name__)
@@ -35,8 +37,14 @@ log = logging.getLogger(__name__)
 LOG_RESET_TIMEOUT_S = 2.0
 
 
-def drop_replaced(revision_id: int, logs: list[ReplacedLog]) -> None:
-    """Reset each log with no batch kept; never raises (one warning for what failed)."""
+def drop_replaced(
+    revision_id: int,
+    logs: list[ReplacedLog],
+    verify: Callable[[int, str, str], str | None] | None = None,
+) -> None:
+    """Reset each log with no batch kept; never raises (one warning for what failed).
+    ``verify`` (auth on): a log service that checks tokens is sent a credential signed
+    under its own token, once it proved it holds one (:mod:`metaservice.logstore.proof`)."""
     failed: list[str] = []
     unreachable: set[str] = set()  # asked once per swap: each table would wait again
     for replaced in logs:
@@ -47,7 +55,12 @@ def drop_replaced(revision_id: int, logs: list[ReplacedLog]) -> None:
                 failed.append(f"{where}: not asked, unreachable")
                 continue
             try:
-                with LogWriter(address, timeout=LOG_RESET_TIMEOUT_S) as writer:
+                credential = (
+                    signed_credential(address, proof.RESET, replaced.table, verify)
+                    if verify is not None
+                    else None
+                )
+                with LogWriter(address, timeout=LOG_RESET_TIMEOUT_S, token=credential) as writer:
                     epoch = writer.reset(replaced.table, after_batch_id=None)
             except LogApiError as exc:
                 if exc.code == wire.TABLE_UNKNOWN_CODE:

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session
 
+from metaservice.auth.log_services import log_service_check
 from metaservice.catalog_steps import Step, StepBlocked, resume
 from metaservice.context import Context
 from metaservice.db import Database, normalise_url
@@ -120,7 +121,7 @@ def swap_revision(
         finally:
             # after the renames: a reader the reset sends to the snapshots loads the
             # swapped-in table by its name
-            replaced_logs.drop_replaced(revision_id, logs)
+            replaced_logs.drop_replaced(revision_id, logs, log_service_check(db, ctx))
         return started
     finally:
         if catalog is not None:

@@ -464,3 +464,30 @@ def test_with_an_allowlist_only_its_addresses_are_accepted(
             json={"mode": "external", "address": "http://logs.internal:7070"},
         )
         assert ok.status_code == 200, ok.text
+
+
+def test_a_revision_swap_resets_a_log_service_that_checks_tokens(
+    db: str, secured: Secured, checked_log: LogService, caplog: pytest.LogCaptureFixture
+) -> None:
+    from metaservice.auth.log_services import log_service_check
+    from metaservice.revisions.replaced_logs import drop_replaced
+    from metaservice.revisions.service import ReplacedLog
+
+    writer = LogWriter(checked_log.url, token=secured.tokens[Role.WRITER])
+    writer.reset(TABLE, after_batch_id=-1, job="load")
+    writer.append(TABLE, barrier=T0, batch_id=0, rows=rows(1, 2))
+    before = checked_log.store.table(TABLE).status()
+    replaced = [ReplacedLog(TABLE, checked_log.url)]
+    with caplog.at_level("WARNING", logger="metaservice.revisions.replaced_logs"):
+        drop_replaced(1, replaced)  # no credential: the log service refuses it
+    assert "could not drop" in caplog.text and "401" in caplog.text
+    assert checked_log.store.table(TABLE).status().entries == 1
+    database = Database(db)
+    try:
+        ctx = Context(settings=Settings(db_url=db, auth_required=True), clock=ManualClock(T0))
+        drop_replaced(1, replaced, log_service_check(database, ctx))
+    finally:
+        database.dispose()
+    after = checked_log.store.table(TABLE).status()
+    assert after.entries == 0 and after.epoch > before.epoch and after.job is None
+    writer.close()
