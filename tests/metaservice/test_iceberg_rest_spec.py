@@ -14,13 +14,12 @@ import yaml
 from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 
-from tests.metaservice.test_iceberg_rest import (  # noqa: F401 (fixtures)
-    Pipeline,
-    jobs_catalog,
-    pipeline,
-    run,
-    served,
-)
+from tests.metaservice import test_iceberg_rest
+from tests.metaservice.test_iceberg_rest import Pipeline, run
+
+served = test_iceberg_rest.served
+jobs_catalog = test_iceberg_rest.jobs_catalog
+pipeline = test_iceberg_rest.pipeline
 
 SPEC = Path(__file__).parent / "specs" / "rest-catalog-open-api.yaml"
 
