@@ -320,8 +320,8 @@ class Reregister(Compact):
 class Replace(Compact):
     """Replace the writer of the job's table: the old driver stops (delivering its
     outbox if ``drain``, else its reports arrive late), ``DELETE /jobs/{job}`` (refused
-    while another job reads the table), and a new job registers the table, which is
-    written afresh (a new Iceberg table under the same name)."""
+    while another job reads the table), and a new job takes the table: it keeps its
+    history, and the new job starts above it (a derived one after its frontier)."""
 
     job: str
     drain: bool = True
@@ -552,6 +552,10 @@ class TableState:
         self.snapshots.pop()
         del self._position[snapshot.snapshot_id]
         self._cached = (-1, Counter())
+
+    def position_any(self, snapshot: Snapshot) -> int:
+        """Where a snapshot is in commit order, reported or not."""
+        return self._position[snapshot.snapshot_id]
 
     def has(self, snapshot_id: int) -> bool:
         return snapshot_id in self._position
@@ -1650,29 +1654,42 @@ class Simulation:
         elif js.pending is None and not js.claims:
             # The driver's last batch is in Iceberg, its report still on the way.
             self.run(jd.name, fail="report_later")
-        js.outbox = [p for p in js.outbox if p.known]  # undelivered claims die with it
+        unknown = [p for p in js.outbox if not p.known]  # undelivered claims die with it
+        js.outbox = [p for p in js.outbox if p.known]
         if js.outbox:
             self.retired.append(js)
         self.call("DELETE", path, {204})
-        # The table stays in the service, writerless; its history went with the job.
+        # The table stays in the service, writerless, with its history.
         r = self.call("GET", "/versions/consistent", {409}, params={"tables": jd.output}).json()
         assert r["code"] == "no_writer", r
         self.call("GET", f"/tables/{jd.output}/expirable", {200})
+        self._forget_driver(jd, js, unknown)
         name = f"{jd.name}.r{next(self._incarnations)}"
-        self.call("PUT", f"/jobs/{name}", {201}, json=self.spec(jd))
-        self.jobs[jd.name] = JobState(jd.name, name, f"q-{name}", [jd.output])
-        self.tables[jd.output] = TableState(jd.output)
-        self.reserved[jd.output] = set()
-        if jd.is_source:
-            self.source_rows[jd.output] = []
+        view = self.call("PUT", f"/jobs/{name}", {201}, json=self.spec(jd)).json()
+        new = self.jobs[jd.name] = JobState(jd.name, name, f"q-{name}", [jd.output])
+        if not jd.is_source and view["frontier"]:
+            # Its query starts where the table's history ends (its first batch after it).
+            new.offset, new.ends = view["frontier"], {view["frontier"]}
         self.history = [r for r in self.history if r["job"] != js.name]
-        self.last_frontier.pop(jd.output, None)
-        self.complete.pop(jd.output, None)
-        self.last_version = {k: v for k, v in self.last_version.items() if jd.output not in k}
-        self.forget_answers(jd.output)
         self.stats["writer replaced"] += 1
         self.log(f"replaced {js.name} by {name} as the writer of {jd.output}")
         return "replaced"
+
+    def _forget_driver(self, jd: JobDef, js: JobState, unknown: list[Pending]) -> None:
+        """The deleted job's batches that no report recorded: an operator rolls their
+        commits back (the table keeps its history), and their rows were never ingested."""
+        batches = {id(p): p for p in [*js.outbox, *unknown, *js.claims, js.pending] if p}
+        table = self.tables[jd.output]
+        for p in sorted(
+            batches.values(),
+            key=lambda p: table.position_any(p.snapshot) if p.snapshot else -1,
+            reverse=True,
+        ):
+            if p.snapshot is not None and not p.snapshot.reported:
+                table.roll_back(p.snapshot)
+                p.snapshot = None
+            if jd.is_source and not p.abandoned:
+                self._forget_rows(jd, p.delta)
 
     def abandon(self, job: str, written: bool = False) -> str:
         """A source driver dies with an open batch, which an operator abandons."""
@@ -2401,7 +2418,8 @@ class Simulation:
             )
             got = r.json()
             if r.status_code == 409 and got.get("code") == "expired":
-                assert any(s in self.expired.get(t, ()) for t, s in snapshots.items()), (
+                gone = {t: self.expired.get(t, set()) | self.reserved.get(t, set()) for t in key}
+                assert any(s in gone[t] for t, s in snapshots.items()), (
                     f"the consistent version of {key} at or before {at} was answered "
                     f"{(b, snapshots)}; after {after or 'a step'} it is refused as expired, "
                     "though none of its snapshots was expired"
