@@ -198,7 +198,7 @@ def test_a_table_page_shows_its_log_as_its_log_service_holds_it_or_that_it_is_un
     """Real log services on loopback: one holding a committed and an uncommitted batch with
     a reader, one over its memory bound, and an address nothing listens on."""
     pa = pytest.importorskip("pyarrow")
-    from metaservice.logstore import LogClient, LogWriter
+    from metaservice.logstore import LogClient, LogFullError, LogWriter
     from metaservice.logstore.server import LogService
     from metaservice.logstore.store import LogStore
 
@@ -225,7 +225,10 @@ def test_a_table_page_shows_its_log_as_its_log_service_holds_it_or_that_it_is_un
             writer.append("dw.orders", barrier=START_MS + 1000, batch_id=1, rows=sixty_four)
         with LogClient(logs.url) as reader:
             reader.read("dw.orders", after_batch=-1, reader="dashboard")
-        LogWriter(small_logs.url).append("dw.big", barrier=START_MS, batch_id=0, rows=sixty_four)
+        with pytest.raises(LogFullError):  # past the bound: refused, the log falls behind
+            LogWriter(small_logs.url).append(
+                "dw.big", barrier=START_MS, batch_id=0, rows=sixty_four
+            )
 
         open_console(page, svc.url + "/ui/#/table/dw.orders")
         page.wait_for_selector("[data-card='log'] [data-log-status]")
