@@ -208,21 +208,29 @@ class Location:
 
 
 def parse_location(uri: str) -> Location | None:
-    """``uri`` normalised (``..`` and ``.`` resolved, ``file://`` and plain paths alike,
-    ``s3a://`` as ``s3://``); None when it cannot be placed safely (a NUL, a ``file``
-    URI naming a host, which pyiceberg would read as a relative path)."""
+    """``uri`` normalised (``file://`` and plain paths alike, ``s3a://`` as ``s3://``);
+    None when it cannot be placed safely: a NUL, a ``..`` segment (a file system resolves
+    it through symlinks, an object store keeps it as part of the key), an empty or ``.``
+    segment in an object store's key (another key than the one without it), or a
+    ``file`` URI naming a host (which pyiceberg would read as a relative path)."""
     if "\x00" in uri:
         return None
     parts = urlsplit(uri)
     scheme = parts.scheme.lower()
+    segments = parts.path.strip("/").split("/")
+    if ".." in segments:
+        return None
     if scheme in ("", "file"):
         if parts.netloc:
             return None
         # A plain path is relative to the working folder, as pyiceberg's FileIO takes it.
         path = os.path.abspath(parts.path if scheme else uri)
         return Location("file", "", posixpath.normpath(path))
-    path = posixpath.normpath("/" + parts.path.lstrip("/"))
-    return Location(_SAME_SCHEME.get(scheme, scheme), parts.netloc, path)
+    if parts.path.strip("/") and any(s in ("", ".") for s in segments):
+        return None
+    if parts.path.startswith("//"):
+        return None
+    return Location(_SAME_SCHEME.get(scheme, scheme), parts.netloc, "/" + "/".join(segments))
 
 
 def owned_by(roots: Iterable[str]) -> Callable[[str], bool]:
@@ -257,7 +265,7 @@ def unused_files(
     before: Snapshots,
     removed: Collection[int],
     after: Snapshots,
-    owned: Callable[[str], bool] = lambda path: True,
+    owned: Callable[[str], bool],
 ) -> Doomed:
     """The files the ``removed`` snapshots reached in ``before`` that no snapshot of
     ``after`` reaches, in a stable order (data first, then manifests, then lists), split
