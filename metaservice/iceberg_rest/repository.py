@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sqlalchemy import select, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
 from metaservice.models import (
@@ -77,11 +77,9 @@ def add_session(
 ) -> None:
     session.add(CatalogSession(lease_id=lease_id, warehouse=warehouse, created_ms=now_ms))
     session.flush()
-    session.add_all(
-        CatalogSessionTable(lease_id=lease_id, name=name, table_id=table_id)
-        for name, table_id in tables.items()
-    )
-    session.flush()
+    rows = [{"lease_id": lease_id, "name": n, "table_id": t} for n, t in tables.items()]
+    if rows:  # one statement for all the session's tables
+        session.execute(insert(CatalogSessionTable), rows)
 
 
 def session_row(session: Session, lease_id: str) -> SessionRow | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import uuid
 
+from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
 from metaservice.barriers import frontiers as fr
@@ -191,11 +192,13 @@ def create_lease(
         expires_ms=now + seconds * 1000,
     )
     session.add(lease)
-    for name, snapshot in version.snapshots.items():
-        session.add(
-            LeaseSnapshot(lease_id=lease.id, table_id=tables[name].id, snapshot_id=snapshot)
-        )
     session.flush()
+    rows = [
+        {"lease_id": lease.id, "table_id": tables[name].id, "snapshot_id": snapshot}
+        for name, snapshot in version.snapshots.items()
+    ]
+    if rows:  # one statement for all tables (a catalog session pins every table)
+        session.execute(insert(LeaseSnapshot), rows)
     return version.model_copy(update={"lease_id": lease.id, "lease_expires_ms": lease.expires_ms})
 
 
