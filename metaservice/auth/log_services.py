@@ -11,11 +11,24 @@ from sqlalchemy.orm import Session
 
 from metaservice.auth import repository as repo
 from metaservice.auth.schemas import Role
+from metaservice.auth.service import Caller
 from metaservice.context import Context
 from metaservice.db import Database
 from metaservice.logstore import proof
 
-__all__ = ["log_service_check", "log_service_key"]
+__all__ = ["log_service_check", "log_service_key", "writes"]
+
+
+def writes(session: Session, who: Caller, table: str) -> bool:
+    """Whether ``who`` may write ``table``'s log: a writer's token, and for a writer scoped
+    to jobs, one of its jobs writes the table (as the MetaService's own writer routes
+    hold it: ``auth.service.check_table_scope``)."""
+    if not who.role.includes(Role.WRITER):
+        return False
+    if who.jobs is None:
+        return True
+    writer = repo.writer_of_table(session, table)
+    return writer is not None and who.acts_for(writer)
 
 
 def log_service_key(session: Session, token_id: int, nonce: str, mac: str) -> str | None:

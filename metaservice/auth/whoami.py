@@ -9,10 +9,10 @@ there within its cache time.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, Field
 
-from metaservice.auth.log_services import log_service_key
+from metaservice.auth.log_services import log_service_key, writes
 from metaservice.auth.schemas import Role
 from metaservice.auth.service import Caller
 from metaservice.deps import Services, caller, services
@@ -29,17 +29,29 @@ class WhoAmI(BaseModel):
         description="A scoped writer's job names or patterns; None: every job"
     )
     auth_required: bool = Field(description="Whether the MetaService requires tokens")
+    writes_table: bool | None = Field(
+        None,
+        description="With ?table=T: whether the token may write T (a writer's, and for a "
+        "scoped writer one of its jobs writes T); None without table",
+    )
 
 
-@router.get("/whoami", response_model=WhoAmI, responses=error_responses(401))
-def whoami(who: Caller = Depends(caller), s: Services = Depends(services)) -> WhoAmI:
+@router.get("/whoami", response_model=WhoAmI, responses=error_responses(401, 422))
+def whoami(
+    table: str | None = Query(None, max_length=400, description="Ask whether it may write it"),
+    who: Caller = Depends(caller),
+    s: Services = Depends(services),
+) -> WhoAmI:
     """The caller's token: its role and scope (the log services ask this of each token
-    they are shown)."""
+    they are shown, with the table for a write)."""
     return WhoAmI(
         role=who.role,
         token_id=who.token_id,
         jobs=list(who.jobs) if who.jobs is not None else None,
         auth_required=s.ctx.settings.auth_required,
+        writes_table=None
+        if table is None
+        else s.db.read(lambda session: writes(session, who, table)),
     )
 
 

@@ -52,12 +52,19 @@ class Access:
     role: Role
     table: str | None = None
     action: str | None = None
+    writes_table: bool | None = None  # asked for the table written: may it write it
 
     def check(self, needed: Role, table: str | None, action: str) -> None:
         if not self.role.includes(needed):
             raise Forbidden(
                 f"this needs a {needed.value} token; this one has the {self.role.value} role",
                 code="forbidden",
+            )
+        if needed is Role.WRITER and self.writes_table is False:
+            raise Forbidden(
+                f"this writer token is scoped to jobs, none of which writes {table}: use a "
+                "token of the table's writer",
+                code="out_of_scope",
             )
         if self.table is not None and (self.table != table or self.action != action):
             raise Forbidden("this credential is for another table or action", code="forbidden")
@@ -75,7 +82,7 @@ class LogAuth:
     cache_seconds: float = 10.0
     timeout: float = 5.0
     token_id: int | None = None  # the own token's, learned at start
-    _cache: dict[str, tuple[float, Access | None]] = field(default_factory=dict)
+    _cache: dict[tuple[str, str | None], tuple[float, Access | None]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.metaservice_url = self.metaservice_url.rstrip("/")
@@ -121,8 +128,9 @@ class LogAuth:
         return anonymous.status_code == 401
 
     # -- per request ----------------------------------------------------------------
-    async def access(self, authorization: str | None) -> Access:
-        """The caller's access; 401 without a token the MetaService accepts."""
+    async def access(self, authorization: str | None, writing: str | None = None) -> Access:
+        """The caller's access (``writing``: the table it writes, whose writer a scoped
+        writer must act for); 401 without a token the MetaService accepts."""
         scheme, _, credential = (authorization or "").partition(" ")
         credential = credential.strip()
         if scheme.lower() != "bearer" or not credential:
@@ -134,11 +142,11 @@ class LogAuth:
             raise Unauthenticated("the bearer token is unknown or revoked")
         if credential.startswith(proof.CREDENTIAL_PREFIX):
             return self._signed(credential)
-        key = proof.token_hash(credential)
+        key = (proof.token_hash(credential), writing)
         now = time.monotonic()
         cached = self._cache.get(key)
         if cached is None or cached[0] < now:
-            found = await self._ask(credential)
+            found = await self._ask(credential, writing)
             keep = self.cache_seconds if found is not None else _REFUSED_SECONDS
             if len(self._cache) >= _CACHE_MAX:
                 self._cache = {k: v for k, v in self._cache.items() if v[0] >= now}
@@ -159,11 +167,12 @@ class LogAuth:
         role = Role.READER if action == proof.READ_STATUS else Role.WRITER
         return Access(role, table=table, action=action)
 
-    async def _ask(self, token: str) -> Access | None:
+    async def _ask(self, token: str, writing: str | None) -> Access | None:
         try:
             async with httpx.AsyncClient(timeout=self.timeout, verify=tls_context()) as client:
                 response = await client.get(
                     self.metaservice_url + WHOAMI_PATH,
+                    params={} if writing is None else {"table": writing},
                     headers={"Authorization": f"Bearer {token}"},
                 )
         except (TimeoutError, httpx.HTTPError):
@@ -179,7 +188,10 @@ class LogAuth:
             )
         try:
             body: dict[str, Any] = response.json()
-            return Access(Role(body["role"]))
+            writes = body.get("writes_table") if writing is not None else None
+            return Access(
+                Role(body["role"]), writes_table=writes if writes is None else bool(writes)
+            )
         except (ValueError, KeyError, TypeError):
             raise MetaServiceUnavailable(
                 "the log service cannot check the token: the MetaService's answer is not one"

@@ -126,7 +126,8 @@ def create_log_app(
     async def allow(request: Request, needed: Role, action: str, table: str | None) -> None:
         if auth is None:
             return
-        access = await auth.access(request.headers.get("authorization"))
+        writing = table if needed is Role.WRITER else None
+        access = await auth.access(request.headers.get("authorization"), writing)
         access.check(needed, table, action)
 
     async def append(request: Request) -> Response:

@@ -34,7 +34,7 @@ from metaservice.client import MetaServiceClient
 from metaservice.clock import ManualClock
 from metaservice.context import Context
 from metaservice.db import Database
-from metaservice.logstore import LogReader, LogWriter, ipc
+from metaservice.logstore import LogApiError, LogClient, LogReader, LogWriter, ipc
 from metaservice.logstore.server import LogService
 from metaservice.logstore.store import LogStore
 from metaservice.migrate import upgrade
@@ -491,3 +491,27 @@ def test_a_revision_swap_resets_a_log_service_that_checks_tokens(
     after = checked_log.store.table(TABLE).status()
     assert after.entries == 0 and after.epoch > before.epoch and after.job is None
     writer.close()
+
+
+def test_a_scoped_writer_writes_only_the_logs_of_its_jobs_tables(
+    db: str, secured: Secured, checked_log: LogService
+) -> None:
+    with secured.client(Role.WRITER) as ms:
+        ms.put_job("other", outputs=["dw.other"])
+    database = Database(db)
+    try:
+        ctx = Context(settings=Settings(db_url=db), clock=ManualClock(T0))
+        scoped = database.write(
+            lambda s: auth_service.create_token(s, ctx, Role.WRITER, "scoped", ["load"])
+        ).token
+    finally:
+        database.dispose()
+    with LogWriter(checked_log.url, token=scoped) as writer:
+        writer.reset(TABLE, after_batch_id=-1, job="load")  # its job's table
+        assert writer.append(TABLE, barrier=T0, batch_id=0, rows=rows(1))
+        with pytest.raises(LogApiError) as refused:
+            writer.reset("dw.other", after_batch_id=-1, job="other")
+    assert refused.value.status == 403 and refused.value.code == "out_of_scope"
+    assert checked_log.store.names() == [TABLE]
+    with LogClient(checked_log.url, token=scoped) as reading:  # reading stays open to it
+        assert reading.status(TABLE)[0]["entries"] == 1
