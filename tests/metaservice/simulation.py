@@ -2694,7 +2694,11 @@ def step_strategy(topology: Topology, kind: str) -> st.SearchStrategy[Step]:
             ),
         )
     if kind == "replace":
-        return st.builds(Replace, jobs, st.booleans())
+        # Source writers only: a derived job's table taken by a new derived writer
+        # answers 409 where it answered a version (N2 in the notes; "replace_derived").
+        return st.builds(Replace, sources, st.booleans())
+    if kind == "replace_derived":
+        return st.builds(Replace, derived, st.booleans())
     if kind == "abandon":
         return st.builds(Abandon, sources, st.booleans())
     if kind == "reset_query":
