@@ -35,7 +35,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from metaservice.barriers import repository as repo
@@ -43,6 +42,7 @@ from metaservice.barriers.service import complete_batch, fence, reports_table
 from metaservice.context import Context
 from metaservice.errors import Conflict
 from metaservice.models import SOURCE, Batch, Commit, Job, Table
+from metaservice.reconcile import repository as reconcile_repo
 from metaservice.reconcile.schemas import (
     ReconcileReport,
     Recorded,
@@ -55,11 +55,7 @@ from metaservice.topology import repository as topo
 
 def tables_to_reconcile(session: Session) -> list[str]:
     """Registered tables that have a writing job, by name."""
-    return list(
-        session.execute(
-            select(Table.name).where(Table.writer_id.is_not(None)).order_by(Table.name)
-        ).scalars()
-    )
+    return reconcile_repo.written_table_names(session)
 
 
 def reconcile(
@@ -90,13 +86,10 @@ class _TableIndex:
 
     @classmethod
     def load(cls, session: Session, table_id: int) -> _TableIndex:
-        rows = session.execute(
-            select(Commit.job_id, Commit.batch_id, Commit.snapshot_id, Commit.barrier).where(
-                Commit.table_id == table_id
-            )
-        )
         index = cls(by_batch={}, by_snapshot={})
-        for job_id, batch_id, snapshot_id, barrier in rows:
+        for job_id, batch_id, snapshot_id, barrier in reconcile_repo.commits_of_table(
+            session, table_id
+        ):
             index.add(job_id, batch_id, snapshot_id, barrier)
         return index
 
@@ -289,7 +282,9 @@ class _Reconciliation:
         if job.kind == SOURCE:
             job.open_batches += 1
         else:
-            batch.start_barrier = _previous_committed_barrier(self.session, job.id, stamp.batch_id)
+            batch.start_barrier = reconcile_repo.previous_committed_barrier(
+                self.session, job.id, stamp.batch_id
+            )
         self.session.add(batch)
         self.session.flush()
         return batch
@@ -348,14 +343,6 @@ class _Fenced:
 
 
 _PRESENT = _Present()
-
-
-def _previous_committed_barrier(session: Session, job_id: int, batch_id: int) -> int:
-    return session.execute(
-        select(func.coalesce(func.max(Batch.barrier), 0)).where(
-            Batch.job_id == job_id, Batch.committed.is_(True), Batch.batch_id < batch_id
-        )
-    ).scalar_one()
 
 
 def _issue(stamp: Stamp, code: str, message: str) -> StampIssue:
