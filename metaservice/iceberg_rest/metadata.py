@@ -31,6 +31,9 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 from pyiceberg.catalog import Catalog
@@ -157,26 +160,66 @@ def write_pinned(io: FileIO, location: str, body: dict[str, Any]) -> str:
 
 # -- the tables' catalog --------------------------------------------------------------------
 
-_catalogs: dict[int, Catalog] = {}
+_catalogs: dict[tuple[str, str, str], Catalog] = {}
 _catalogs_lock = threading.Lock()
 
 
 def catalog_of(settings: Settings) -> Catalog:
-    """The jobs' catalog, loaded once per settings object (a SQL catalog holds an engine)."""
+    """The jobs' catalog, loaded once per process for the settings that name it (a SQL
+    catalog holds an engine)."""
+    key = (
+        settings.db_url,
+        settings.warehouse,
+        json.dumps(settings.catalog_properties, sort_keys=True),
+    )
     with _catalogs_lock:
-        catalog = _catalogs.get(id(settings))
+        catalog = _catalogs.get(key)
         if catalog is None:
-            catalog = _catalogs[id(settings)] = load_catalog(settings)
+            catalog = _catalogs[key] = load_catalog(settings)
         return catalog
+
+
+# Pinned answers made lately, by (table, snapshot, barrier, refs only): a query loads the
+# same tables again and again, and a pin depends on nothing that changes but the
+# ancestors an expiry removes, which a short life keeps from being served for long.
+PINNED_CACHE_SECONDS = 30.0
+PINNED_CACHE_ENTRIES = 4096
+
+
+@dataclass(frozen=True)
+class _Pinned:
+    made: float
+    io: FileIO
+    location: str
+    body: dict[str, Any]
+
+
+_pins: OrderedDict[tuple[str, int | None, int, bool], _Pinned] = OrderedDict()
+_pins_lock = threading.Lock()
 
 
 def load_pinned(
     settings: Settings, name: str, snapshot_id: int | None, barrier: int, *, refs_only: bool
 ) -> tuple[str, dict[str, Any]]:
-    """(metadata location, metadata) of table ``name`` pinned to ``snapshot_id``.
+    """(metadata location, metadata) of table ``name`` pinned to ``snapshot_id``; the file
+    at the location is there when this returns.
 
     Raises pyiceberg's ``NoSuchTableError`` when the catalog has no such table, and
     :class:`SnapshotGone` when its metadata no longer holds the snapshot."""
+    key = (name, snapshot_id, barrier, refs_only)
+    now = time.monotonic()
+    with _pins_lock:
+        hit = _pins.get(key)
+    if hit is not None and now - hit.made < PINNED_CACHE_SECONDS:
+        if not hit.io.new_input(hit.location).exists():
+            write_pinned(hit.io, hit.location.rsplit("/metadata/", 1)[0], hit.body)
+        return hit.location, hit.body
     table = catalog_of(settings).load_table(name)
     body = as_json(pinned(table.metadata, snapshot_id, barrier, refs_only=refs_only))
-    return write_pinned(table.io, table.metadata.location, body), body
+    location = write_pinned(table.io, table.metadata.location, body)
+    with _pins_lock:
+        _pins[key] = _Pinned(now, table.io, location, body)
+        _pins.move_to_end(key)
+        while len(_pins) > PINNED_CACHE_ENTRIES:
+            _pins.popitem(last=False)
+    return location, body
