@@ -144,8 +144,8 @@ class LogProbe:
         if self._verify is None:
             return None  # auth is off: anyone may publish anything anyway
         async with _client() as client:
-            try:
-                await self._identity(client, origin)
+            try:  # a writer publishing: asked now, whatever the address answered lately
+                await self._identity(client, origin, fresh=True)
             except _Refused:
                 return _unproven(address)
         return None
@@ -192,9 +192,11 @@ class LogProbe:
                 raise
             return None
 
-    async def _identity(self, client: httpx.AsyncClient, origin: str) -> tuple[int, str]:
+    async def _identity(
+        self, client: httpx.AsyncClient, origin: str, *, fresh: bool = False
+    ) -> tuple[int, str]:
         until = _unverified.get(origin)
-        if until is not None and until > time.monotonic():
+        if not fresh and until is not None and until > time.monotonic():
             raise _Refused(_unproven(origin))
         nonce = secrets.token_hex(16)
         try:
