@@ -1,8 +1,9 @@
 """Schemathesis against the service's own OpenAPI document, in-process (ASGI).
 
 Every operation of ``/openapi.json`` is fuzzed (positive and negative data) on a seeded
-topology with auth off, on SQLite and PostgreSQL. A response must never be a 5xx and
-must match the document: its status code, content type and body schema.
+topology, on SQLite and PostgreSQL, with auth off and with auth on (as an admin token,
+which every operation takes). A response must never be a 5xx and must match the
+document: its status code, content type and body schema.
 """
 
 from __future__ import annotations
@@ -124,7 +125,11 @@ def strategy(
     return st.one_of(generated, *seeded)
 
 
-def fuzz(operation: schemathesis.APIOperation, cases: st.SearchStrategy[schemathesis.Case]) -> None:
+def fuzz(
+    operation: schemathesis.APIOperation,
+    cases: st.SearchStrategy[schemathesis.Case],
+    headers: dict[str, str],
+) -> None:
     """Up to MAX_EXAMPLES generated requests to one operation, every response checked."""
 
     @given(case=cases)
@@ -137,14 +142,19 @@ def fuzz(operation: schemathesis.APIOperation, cases: st.SearchStrategy[schemath
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
     )
     def run(case: schemathesis.Case) -> None:
-        case.call_and_validate(checks=CHECKS)
+        case.call_and_validate(checks=CHECKS, headers=headers)
 
     run()
 
 
+# Who calls: auth off (every caller is admin), or auth on with an admin token.
+CALLERS = ["auth off", "admin token"]
+
+
+@pytest.mark.parametrize("caller", CALLERS)
 @pytest.mark.parametrize("mode", list(schemathesis.GenerationMode))
 def test_every_operation_conforms_to_the_openapi_document(
-    db_url: str, clock: ManualClock, mode: schemathesis.GenerationMode
+    db_url: str, clock: ManualClock, mode: schemathesis.GenerationMode, caller: str
 ) -> None:
     """The app is built per test (per database kind and generation mode) rather than in a
     fixture the Hypothesis test would take, so no function-scoped fixture is shared across
@@ -157,13 +167,20 @@ def test_every_operation_conforms_to_the_openapi_document(
     app = create_app(Settings(db_url=db_url), clock)
     with TestClient(app, raise_server_exceptions=False) as client:
         known = seed(client, clock)
+        headers: dict[str, str] = {}
+        if caller == "admin token":
+            r = client.post(f"{API}/tokens", json={"role": "admin", "description": "fuzzing"})
+            assert r.status_code == 201, r.text
+            headers = {"Authorization": f"Bearer {r.json()['token']}"}
+    if headers:  # the same seeded database, now with auth required
+        app = create_app(Settings(db_url=db_url, auth_required=True), clock)
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     failures = []
     for operation in operations(schema):
         if mode is schemathesis.GenerationMode.NEGATIVE and not has_inputs(operation):
             continue  # nothing to make invalid: Hypothesis would find no example at all
         try:
-            fuzz(operation, strategy(operation, mode, known))
+            fuzz(operation, strategy(operation, mode, known), headers)
         # Collect every operation's failure, then report them all. Schemathesis raises its
         # check failures as a FailureGroup, a BaseExceptionGroup.
         except (Exception, BaseExceptionGroup) as exc:
