@@ -31,6 +31,8 @@ from metaservice.deps import Services
 from metaservice.docs import install_docs, operation_id
 from metaservice.errors import ServiceError
 from metaservice.http_guard import CleanInput, install_site_checks
+from metaservice.iceberg_rest.catalogs import release as release_catalog
+from metaservice.iceberg_rest.endpoints import router as iceberg_rest_router
 from metaservice.lifecycle.endpoints import router as lifecycle_router
 from metaservice.lifecycle.schedule import start_schedule
 from metaservice.lineage.endpoints import router as lineage_router
@@ -84,6 +86,7 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
                 emitting.stop()
             if schedule is not None:
                 schedule.stop()
+            release_catalog(settings)  # the REST catalog's connections to the jobs' catalog
             db.dispose()
 
     app = FastAPI(
@@ -113,6 +116,7 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
     ):
         app.include_router(router, prefix=API_PREFIX, responses=API_ERRORS)
     app.include_router(ops_router)
+    app.include_router(iceberg_rest_router)  # /iceberg/v1: the read-only REST catalog
     install_docs(app)
     install_console(app, API_PREFIX)  # the web console at /ui and its read endpoint
     _install_error_handlers(app)

@@ -36,13 +36,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from pyiceberg.catalog import Catalog
 from pyiceberg.io import FileIO
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRef, SnapshotRefType
 from pyiceberg.table.snapshots import Snapshot, SnapshotLogEntry
 
-from metaservice.lifecycle.iceberg import load_catalog
+from metaservice.iceberg_rest.catalogs import catalog_of
 from metaservice.settings import Settings
 
 PINNED_PREFIX = "00000-00000000-"  # version 0, a uuid sorting first: see above
@@ -159,25 +158,6 @@ def write_pinned(io: FileIO, location: str, body: dict[str, Any]) -> str:
 
 
 # -- the tables' catalog --------------------------------------------------------------------
-
-_catalogs: dict[tuple[str, str, str], Catalog] = {}
-_catalogs_lock = threading.Lock()
-
-
-def catalog_of(settings: Settings) -> Catalog:
-    """The jobs' catalog, loaded once per process for the settings that name it (a SQL
-    catalog holds an engine)."""
-    key = (
-        settings.db_url,
-        settings.warehouse,
-        json.dumps(settings.catalog_properties, sort_keys=True),
-    )
-    with _catalogs_lock:
-        catalog = _catalogs.get(key)
-        if catalog is None:
-            catalog = _catalogs[key] = load_catalog(settings)
-        return catalog
-
 
 # Pinned answers made lately, by (table, snapshot, barrier, refs only): a query loads the
 # same tables again and again, and a pin depends on nothing that changes but the
