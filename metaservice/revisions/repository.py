@@ -332,7 +332,8 @@ def swapped_mirrors(session: Session, names: Sequence[str]) -> dict[str, Table]:
     if not became:
         return {}
     tables = {
-        t.name: t for t in session.scalars(select(Table).where(Table.name.in_(set(became.values()))))
+        t.name: t
+        for t in session.scalars(select(Table).where(Table.name.in_(set(became.values()))))
     }
     return {mirror: tables[name] for mirror, name in became.items() if name in tables}
 
