@@ -437,3 +437,26 @@ def test_table_config_hands_out_no_credentials(db_url: str) -> None:
     assert json.loads(json.dumps(settings.catalog_table_config)) == {
         "s3.endpoint": "http://s3:9000"
     }
+
+
+def test_nested_namespaces_are_listed_level_by_level() -> None:
+    from metaservice.iceberg_rest import service
+    from metaservice.iceberg_rest.repository import SessionTable
+
+    names = ["a.b.t1", "a.b.t2", "a.c.t3", "a.t4", "d.t5"]
+    view = service.SessionView(
+        warehouse="consistent",
+        barrier=1,
+        tables=[SessionTable(n, i, n, None, None) for i, n in enumerate(names)],
+        renew=False,
+    )
+    assert service.namespaces(view, ()) == [("a",), ("d",)]
+    assert service.namespaces(view, ("a",)) == [("a", "b"), ("a", "c")]
+    assert service.namespaces(view, ("a", "b")) == []
+    assert service.tables_in(view, ("a", "b")) == ["t1", "t2"]
+    assert service.tables_in(view, ("a",)) == ["t4"]
+    assert service.table_of(view, ("a", "c"), "t3").name == "a.c.t3"
+    with pytest.raises(service.CatalogError, match="namespace 'x'"):
+        service.namespaces(view, ("x",))
+    with pytest.raises(service.CatalogError, match="not in this catalog session"):
+        service.table_of(view, ("a",), "t9")
