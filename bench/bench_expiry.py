@@ -68,7 +68,8 @@ def build(root: Path, n: int) -> dict[str, Any]:
     upgrade(db_url)
     clock = ManualClock(T0)
     settings = Settings(db_url=db_url, warehouse=str(warehouse))
-    with TestClient(create_app(settings, clock)) as client:
+    # A loopback name: the service answers only to names it expects (not "testserver").
+    with TestClient(create_app(settings, clock), base_url="http://127.0.0.1") as client:
         ok(client.put(f"{API}/jobs/{JOB}", json={"outputs": [TABLE]}))
         started = time.perf_counter()
         barriers = []

@@ -136,8 +136,8 @@ class HostNames:
         self.suffixes = tuple(n[1:] for n in names if n.startswith("*."))
 
     def allows(self, host_header: str) -> bool:
-        if self.any:
-            return True
+        if self.any or not host_header:
+            return True  # no Host at all (an HTTP/1.0 probe): no browser sends that
         name, _ = split_host(host_header)
         if not name:
             return False

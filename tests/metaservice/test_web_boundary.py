@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -153,6 +154,10 @@ def test_a_foreign_host_name_is_refused_over_real_http(server: LiveServer, db_ur
         # the names a client on the machine or the cluster uses: loopback, and addresses
         for host in (f"127.0.0.1:{server.port}", f"localhost:{server.port}", "[::1]", "10.0.0.7"):
             assert http.get(f"{API}/jobs/src", headers={"Host": host}).status_code == 200, host
+    # an HTTP/1.0 probe names no Host at all (no browser does): served
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as probe:
+        probe.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+        assert probe.recv(64).startswith(b"HTTP/1.1 200")
 
 
 def test_configured_host_names_are_served(db_url: str, clock: ManualClock) -> None:
