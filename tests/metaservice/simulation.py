@@ -36,12 +36,21 @@ contents; a Spark query re-created under a job's name (a reset checkpoint) asks 
 batch 0 again. Source jobs holding an **offline grant** give their batches barriers
 of their own while the service is unreachable (possibly from a clock running up to
 60 s ahead), and claim them later. A source driver may die with an open batch,
-which an operator abandons (the restarted driver replays it); jobs are re-registered
-(same spec, refused identity changes, outputs added and removed) and the writer of a
-table nobody reads is replaced (``DELETE /jobs/{job}``, a new job writing the table
-afresh).
+which an operator abandons (the restarted driver replays it, online or offline);
+jobs are re-registered (same spec, refused identity changes, outputs added and
+removed), and the state changes of DESIGN.md are drawn between batches: an output
+added while a batch is open (with a late report for it) or moved to another job, the
+inputs of a job that never committed changed, a job deleted and registered again or
+replaced by a new writer (the table keeps its history), ``reconcile`` over every
+stamped snapshot (a dead driver's commits included), retention, and, on real Iceberg
+tables, revisions created, run, swapped and cancelled, expiry run after its dry run,
+and tags.
 
-Checks, each switched on by ``checks``:
+Checks, each switched on by ``checks``, and one always made: **every state change
+keeps every answer** (``Simulation.step``): each consistent version handed out is kept
+under (tables, at_or_before) and asked for again after each step, and must come back
+unchanged (or 409 expired, once a snapshot it names was expired); an edit the service
+refuses with 409 changes no row (``Simulation.edit``).
 
 * **G1** every consistent version, every table at its frontier and every derived
   table at each barrier it commits holds exactly the oracle's rows; every range a
@@ -816,6 +825,8 @@ class Simulation:
         self.memo: dict[tuple[tuple[str, ...], int], tuple[int, dict[str, int | None]]] = {}
         self._memo_turn = 0
         self.keep_last: dict[str, int] = {}  # retention set per table
+        # per table: its frontier when a new writer took it (the history it starts above)
+        self.held: dict[str, int] = {}
         self.expired: dict[str, set[int]] = {}  # per table: snapshots an expiry removed
         self.tags: dict[str, tuple[int | None, dict[str, int | None]]] = {}  # ends, snapshots
         self._snapshot_ids = itertools.count(1_000_001, 7)
@@ -1019,6 +1030,9 @@ class Simulation:
         # "it gets the current clock slot": never moved by another job's clock; only its
         # own batches' barriers (an offline claim ahead of the clock) go before it.
         expected = max(self.now_slot(), js.newest[1] if js.newest is not None else 0)
+        held = self.held.get(jd.output)
+        if held is not None and held >= expected:
+            expected = held + self.interval  # a new writer starts above the table's history
         answer = self._ask(js, batch_id, {"query_id": js.query})
         b = answer["barrier"]
         if p is not None:
@@ -1238,7 +1252,8 @@ class Simulation:
             assert nb["start_barrier"] == js.offset, (nb, js.offset)
             assert nb["ready"] == (nb["barrier"] > js.offset), nb
             assert nb["barrier"] >= js.offset and nb["barrier"] % self.interval == 0, nb
-            assert nb["barrier"] < self.now_slot() or not nb["ready"], (
+            held = max((self.held.get(js.source(t), 0) for t in jd.inputs), default=0)
+            assert nb["barrier"] < self.now_slot() or not nb["ready"] or nb["barrier"] <= held, (
                 f"G2: {js.name}'s batch after {js.offset} ends at {nb['barrier']}, a slot "
                 f"that is not over (the clock is at {self.now()}): another job's clock moved "
                 "its barriers"
@@ -1666,6 +1681,7 @@ class Simulation:
         self._forget_driver(jd, js, unknown)
         name = f"{jd.name}.r{next(self._incarnations)}"
         view = self.call("PUT", f"/jobs/{name}", {201}, json=self.spec(jd)).json()
+        self._took_over(jd.output)
         new = self.jobs[jd.name] = JobState(jd.name, name, f"q-{name}", [jd.output])
         if not jd.is_source and view["frontier"]:
             # Its query starts where the table's history ends (its first batch after it).
@@ -1674,6 +1690,12 @@ class Simulation:
         self.stats["writer replaced"] += 1
         self.log(f"replaced {js.name} by {name} as the writer of {jd.output}")
         return "replaced"
+
+    def _took_over(self, table: str) -> None:
+        """A new writer took the table: it starts above its history, which may reach
+        into the current slot (the old writer's batches there)."""
+        front = self.call("GET", f"/tables/{table}", {200}).json()["frontier"] or 0
+        self.held[table] = max(self.held.get(table, 0), front)
 
     def _forget_driver(self, jd: JobDef, js: JobState, unknown: list[Pending]) -> None:
         """The deleted job's batches that no report recorded: an operator rolls their
@@ -1745,7 +1767,7 @@ class Simulation:
             b,
             {"offline": True},
             self._ingest(jd, max(1, len(p.delta)), b),
-            tuple(js.outputs),
+            _still_written(p, js),
         )
         q.claimed, q.known, q.reclaim = True, False, True
         js.pending = q
@@ -1793,7 +1815,7 @@ class Simulation:
             f"{b}; readers took {seen} as complete"
         )
         q = js.pending = Pending(
-            p.batch_id, b, answer, self._ingest(jd, max(1, len(p.delta)), b), tuple(js.outputs)
+            p.batch_id, b, answer, self._ingest(jd, max(1, len(p.delta)), b), _still_written(p, js)
         )
         js.newest = (p.batch_id, b)
         self.stats["abandoned batch replayed"] += 1
@@ -1954,6 +1976,7 @@ class Simulation:
             return "refused"
         name = f"{jd.name}.r{next(self._incarnations)}" if rename else js.name
         self.call("PUT", f"/jobs/{name}", {200, 201}, json=self.spec(jd, js))
+        self._took_over(jd.output)
         self.history = [h for h in self.history if h["job"] != js.name]
         fresh = JobState(jd.name, name, f"q-{name}", list(js.outputs))
         if not rename:
@@ -2451,7 +2474,10 @@ class Simulation:
             )
             # A slot is over once the clock left it; a job's own batches ahead of the
             # clock (an offline claim) do not end a slot for anyone.
-            assert f < self.now_slot() or f == 0, f"frontier of {t} at {f}: its slot is not over"
+            # (or the history a new writer took over, which nothing can add to: N3)
+            assert f < self.now_slot() or f == 0 or f <= self.held.get(t, 0), (
+                f"frontier of {t} at {f}: its slot is not over"
+            )
             if not jd.is_source and f > 0:
                 js.ends.add(f)
             if f > 0:
@@ -2550,6 +2576,12 @@ def _report(job: str, batch_id: int, barrier: int, table: str, snapshot_id: int 
         "table": table,
         "snapshot_id": snapshot_id,
     }
+
+
+def _still_written(p: Pending, js: JobState) -> tuple[str, ...]:
+    """The outputs the replay of a batch reports to: those it was opened with that the
+    job still writes (an output added since takes effect from the job's next batch)."""
+    return tuple(t for t in p.outputs if t in js.outputs)
 
 
 def _fail(fail: str) -> str:
