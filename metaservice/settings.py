@@ -68,6 +68,13 @@ class Settings(BaseSettings):
         'JSON in METASERVICE_CATALOG_PROPERTIES, e.g. {"type": "rest", "uri": "https://..."}), '
         "used by `reconcile`. Empty: a SQL catalog in db_url with tables under warehouse.",
     )
+    log_spill_locations: list[str] = Field(
+        default_factory=list,
+        description="The spill folders of external log services (their --spill-dir: a "
+        "folder or a URI, s3://bucket/spill; JSON in METASERVICE_LOG_SPILL_LOCATIONS). "
+        "Expiry deletes a snapshot's spilled log files only under the table's location or "
+        "under <location>/<table> of one of these; any other path is logged and left.",
+    )
     host: str = "127.0.0.1"
     port: int = 8765
     allowed_hosts: list[str] = Field(
@@ -86,13 +93,6 @@ class Settings(BaseSettings):
     )
     barrier_interval_ms: int = Field(1000, gt=0, description="Width of one barrier-clock slot.")
     retention_keep_last: int = Field(
-    log_spill_locations: list[str] = Field(
-        default_factory=list,
-        description="The spill folders of external log services (their --spill-dir: a "
-        "folder or a URI, s3://bucket/spill; JSON in METASERVICE_LOG_SPILL_LOCATIONS). "
-        "Expiry deletes a snapshot's spilled log files only under the table's location or "
-        "under <location>/<table> of one of these; any other path is logged and left.",
-    )
         1,
         ge=1,
         description="Default retention: the newest N snapshots of a table are kept "
