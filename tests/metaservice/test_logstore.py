@@ -793,8 +793,8 @@ def test_a_table_log_is_published_and_shown_with_the_table(client: TestClient) -
             f"/tables/{TABLE}/log",
             {"mode": "embedded", "address": "http://h\x00:1"},  # PostgreSQL text holds no NUL
             422,
-            "invalid_request",
-            "address",
+            "invalid_character",  # refused with any NUL, before the schema (http_guard)
+            "body",
         ),
         (
             f"/tables/{TABLE}/log",
