@@ -794,7 +794,7 @@ def test_a_table_log_is_published_and_shown_with_the_table(client: TestClient) -
             {"mode": "embedded", "address": "http://h\x00:1"},  # PostgreSQL text holds no NUL
             422,
             "invalid_character",  # refused with any NUL, before the schema (http_guard)
-            "body",
+            "address",
         ),
         (
             f"/tables/{TABLE}/log",
