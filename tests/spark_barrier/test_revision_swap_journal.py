@@ -119,7 +119,6 @@ def _run(spark: Any, service: Service, marker: Path) -> None:
 
         assert failed.status_code == 503, failed.text
         assert failed.json()["code"] == "catalog_unavailable"
-        assert f"POST /api/v1/revisions/{rid}/swap again" in failed.json()["message"]
         assert marker.read_text() == f"{VALUES} -> {VALUES}__pre_rev{rid}"
         assert service.client.get_revision(rid).state == "swapped"
         # the catalog is not renamed yet: its dw.values is still the original
@@ -130,6 +129,7 @@ def _run(spark: Any, service: Service, marker: Path) -> None:
             assert refused.json()["code"] == "swap_unfinished"
         cancel = httpx.delete(f"{api}/revisions/{rid}", timeout=60)
         assert cancel.status_code == 409 and cancel.json()["code"] == "revision_swapped"
+        assert f"POST /api/v1/revisions/{rid}/swap again" in failed.json()["message"]
 
         done = service.client.swap_revision(rid, wait_seconds=60)
 
