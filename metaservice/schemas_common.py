@@ -31,8 +31,8 @@ class ErrorBody(BaseModel):
 ERROR_DESCRIPTIONS = {
     400: "The request body is not valid JSON",
     401: "Auth is on and the request has no known token",
-    403: "The token's role is too small for this request, or a browser page of another "
-    "origin sent it",
+    403: "The token's role is too small for this request, a writer token scoped to other "
+    "jobs sent it (out_of_scope), or a browser page of another origin sent it",
     404: "A job, table, lease, snapshot or token that does not exist",
     409: "Contradicts what is recorded (cycle, second writer, out-of-order batch, no version yet)",
     413: "Past a configured bound (body size, page size, tables per query, lineage depth)",
