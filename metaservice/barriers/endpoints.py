@@ -8,7 +8,7 @@ from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
 
 from metaservice.auth.schemas import Role
 from metaservice.auth.service import Caller, check_job_scope
-from metaservice.barriers import offline, service
+from metaservice.barriers import batches, derived_plans, offline, ranges, reports, source_batches
 from metaservice.barriers.schemas import (
     MAX_SIGNED_64,
     BatchBarrier,
@@ -75,7 +75,7 @@ async def batch_barrier(
     claimed = request.barrier if request is not None else None
     if claimed is None:
         result = await s.db.write_async(
-            lambda session: service.batch_barrier(session, s.ctx, job, batch_id, request), URGENT
+            lambda session: batches.batch_barrier(session, s.ctx, job, batch_id, request), URGENT
         )
     else:
         query_id = request.query_id if request is not None else None
@@ -181,7 +181,7 @@ async def next_barrier(
     s = services_of(http)
     if wait_ms == 0:
         answer, _ = await s.db.write_async(
-            lambda session: service.next_barrier_round(session, s.ctx, job, after, source),
+            lambda session: derived_plans.next_barrier_round(session, s.ctx, job, after, source),
             POLL,
         )
         return json_response(answer)
@@ -191,18 +191,22 @@ async def next_barrier(
         # locking round runs only when it may find a target (or must record who asked).
         seen = s.changes.mark()
         look = await s.db.read_async(
-            lambda session: service.next_barrier_readiness(session, s.ctx, job, after, source),
+            lambda session: derived_plans.next_barrier_readiness(
+                session, s.ctx, job, after, source
+            ),
             POLL,
         )
         if look.answer is not None:
             if look.stale:
-                touch = partial(service.touch_job_id, ctx=s.ctx, job_id=look.job_id)
+                touch = partial(derived_plans.touch_job_id, ctx=s.ctx, job_id=look.job_id)
                 await s.db.write_async(touch, POLL)
             return json_response(look.answer)
         left = deadline - time.monotonic()
         if look.worth_a_round or left <= 0:
             answer, held = await s.db.write_async(
-                lambda session: service.next_barrier_round(session, s.ctx, job, after, source),
+                lambda session: derived_plans.next_barrier_round(
+                    session, s.ctx, job, after, source
+                ),
                 POLL,
             )
             if answer.ready or held or left <= 0:
@@ -232,7 +236,7 @@ def input_ranges(
     """What a derived batch (after, to] reads from each input: the snapshots at both
     barriers by the MetaService's mapping (409 `not_final` while `to` is beyond an
     input's frontier)."""
-    return s.db.read(lambda session: service.input_ranges(session, s.ctx, job, after, to))
+    return s.db.read(lambda session: ranges.input_ranges(session, s.ctx, job, after, to))
 
 
 @router.post(
@@ -249,7 +253,7 @@ def abandon_batch(
     """Give up a dead source driver's open batch (admin; idempotent): the job's tables
     no longer wait for it, and its late commit reports are refused (409
     `batch_abandoned`). A restarted driver replaying the batch gets a new barrier."""
-    return s.db.write(lambda session: service.abandon_batch(session, s.ctx, job, batch_id))
+    return s.db.write(lambda session: source_batches.abandon_batch(session, s.ctx, job, batch_id))
 
 
 @writes.post(
@@ -264,7 +268,7 @@ async def report_commit(
     check_job_scope(who, report.job)
     s = services_of(http)
     result = await s.db.write_async(
-        lambda session: service.report_commits(session, s.ctx, [report]), URGENT
+        lambda session: reports.report_commits(session, s.ctx, [report]), URGENT
     )
     COMMITS.labels(result=result.results[0].status).inc()
     if result.results[0].batch_committed:
@@ -288,7 +292,7 @@ async def report_commits(
     for i, report in enumerate(body.commits):
         check_job_scope(who, report.job, field=f"commits.{i}.job")
     result = await s.db.write_async(
-        lambda session: service.report_commits(
+        lambda session: reports.report_commits(
             session, s.ctx, body.commits, field_prefix="commits."
         ),
         URGENT,

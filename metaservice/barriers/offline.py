@@ -33,14 +33,10 @@ from collections.abc import Sequence
 from sqlalchemy.orm import Session
 
 from metaservice.barriers import repository as repo
+from metaservice.barriers.batch_checks import check_query_of, lock_job_named
+from metaservice.barriers.ranges import batch_view
 from metaservice.barriers.schemas import BatchBarrier, ClaimedBarrier, OfflineGrant
-from metaservice.barriers.service import (
-    MAX_CLAIM_AHEAD_MS,
-    batch_view,
-    check_query_of,
-    lock_job_named,
-    reopen_abandoned,
-)
+from metaservice.barriers.source_batches import reopen_abandoned
 from metaservice.context import Context
 from metaservice.contract import on_grid, slot_of
 from metaservice.errors import Conflict, Invalid, ServiceError
@@ -48,6 +44,10 @@ from metaservice.models import SOURCE, Batch, Job
 from metaservice.topology import repository as topo
 
 log = logging.getLogger("metaservice.offline")
+
+# A claimed or reported barrier may lie this far ahead of the service's clock (clock
+# skew between a job's machine and the service's, after the job's offset correction).
+MAX_CLAIM_AHEAD_MS = 60_000
 
 
 def _source_job(session: Session, job_name: str) -> Job:
