@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING, Any
 from metaservice import __version__  # one distribution, one version
 
 if TYPE_CHECKING:
+    from spark_barrier.errors import BarrierBatchError, BarrierConfigError
     from spark_barrier.job import (
-        BarrierBatchError,
-        BarrierConfigError,
         BarrierJob,
         BarrierSink,
         BatchContext,
@@ -31,10 +30,9 @@ if TYPE_CHECKING:
 # `metaservice reconcile` uses) must import without pyspark, and importing a
 # submodule runs this file first.
 _HOME = {
+    **dict.fromkeys(("BarrierBatchError", "BarrierConfigError"), "spark_barrier.errors"),
     **dict.fromkeys(
         (
-            "BarrierBatchError",
-            "BarrierConfigError",
             "BarrierJob",
             "BarrierSink",
             "BatchContext",

@@ -31,6 +31,7 @@ from pyspark.sql.types import StructType
 from metaservice.barriers.schemas import BatchBarrier, InputRange
 from metaservice.client import ApiError, ConflictError, MetaServiceClient, Unavailable
 from metaservice.versions.schemas import ConsistentVersion
+from spark_barrier.errors import BarrierBatchError, BarrierConfigError, swapped_message
 from spark_barrier.faults import crash_point
 from spark_barrier.iceberg import manifests
 from spark_barrier.iceberg.catalog import (
@@ -73,23 +74,6 @@ SOURCE_TRIGGER_S = 1.0
 # How long a derived job's barrier source waits in one next-barrier call for its batch
 # to become ready (a long poll; the MetaService answers as soon as it is).
 NEXT_BARRIER_WAIT_MS = 2000
-
-
-class BarrierConfigError(Exception):
-    """The job cannot run as configured; the message says what to change."""
-
-
-class BarrierBatchError(Exception):
-    """A batch cannot run as Spark planned it; nothing of it was committed. Raised from
-    ``foreachBatch``, it stops the query; the message says what happened and what to do.
-
-    ``code``: the MetaService's reason when it refused the batch (``query_reset``,
-    ``batch_plan_mismatch``, ``batch_abandoned``...), else a reason of the sink's own.
-    """
-
-    def __init__(self, message: str, code: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass
@@ -142,16 +126,6 @@ class BatchContext:
 
 
 Transform = Callable[[DataFrame, BatchContext], DataFrame]
-
-
-def swapped_message(job: str, revision: int, tables: Sequence[str]) -> str:
-    """What a revision driver that ran through its revision's swap is told."""
-    return (
-        f"job '{job}': revision {revision} was swapped while this driver ran: the mirrors "
-        f"it reads and writes now carry their originals' names ({', '.join(tables)}), and "
-        "the job writes them. The query stops; restart this driver with the same code and "
-        "revision= (it continues from its checkpoint on the tables by their own names)"
-    )
 
 
 # How long a batch waits for a table to become exact before it logs a warning.

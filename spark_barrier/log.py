@@ -43,6 +43,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from spark_barrier.errors import BarrierConfigError
+
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
@@ -189,7 +191,6 @@ class JobLog:
         wire). With several services, an unpartitioned table is refused
         (:class:`~metaservice.logstore.routing.NotRoutable`) before anything is reset."""
         from metaservice.logstore.routing import NotRoutable, routing_of
-        from spark_barrier.job import BarrierConfigError
 
         if len(self.urls) > 1:
             try:
@@ -249,8 +250,6 @@ def _last_committed(table: Table, job: str, reported: int) -> int:
 def _configure(
     service: LogService, name: str, table: Table, io_properties: Mapping[str, str]
 ) -> None:
-    from spark_barrier.job import BarrierConfigError
-
     def number(key: str) -> int | None:
         raw = table.properties.get(key)
         if raw is None:
@@ -288,7 +287,6 @@ def log_urls(url: LogUrl) -> tuple[str, ...]:
 
 def check_log_options(mode: str | None, url: LogUrl | None, *, job: str) -> None:
     """Refuse what ``register(log=..., log_url=...)`` cannot use, before anything is made."""
-    from spark_barrier.job import BarrierConfigError
 
     if mode is None:
         raise BarrierConfigError(
@@ -346,8 +344,6 @@ def open_job_log(
 def _check_log_reachable(job: str, url: str) -> None:
     import httpx
 
-    from spark_barrier.job import BarrierConfigError
-
     try:
         httpx.get(f"{url.rstrip('/')}/healthz", timeout=5).raise_for_status()
     except httpx.HTTPError as exc:
@@ -372,7 +368,6 @@ def _acquire_embedded(
     global _embedded, _embedded_users
     from metaservice.logstore.auth import LogAuth, LogAuthError
     from metaservice.logstore.server import LogService
-    from spark_barrier.job import BarrierConfigError
 
     with _embedded_lock:
         if _embedded is None:

@@ -34,6 +34,8 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadLimit
 from pyspark.sql.types import StructType
 
+from spark_barrier.errors import swapped_message
+
 log = logging.getLogger("spark_barrier.source")
 
 SOURCE_NAME = "metaservice_barrier"
@@ -172,8 +174,6 @@ class BarrierStreamReader(DataSourceStreamReader):
             return
         self._swap_checked = time.monotonic()
         if self._ms().get_revision(self.revision).state == "swapped":
-            from spark_barrier.job import swapped_message
-
             raise RuntimeError(
                 "revision_swapped: " + swapped_message(self.job, self.revision, [self.table_name])
             )
