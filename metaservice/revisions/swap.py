@@ -49,7 +49,7 @@ from metaservice.catalog_steps import Step, StepBlocked, resume
 from metaservice.context import Context
 from metaservice.db import Database, normalise_url
 from metaservice.errors import Conflict, ServiceError
-from metaservice.lifecycle import expiry  # a module: lifecycle.service imports this one
+from metaservice.lifecycle.catalog import CatalogLoader, CatalogUnavailable, open_catalog
 from metaservice.models.revisions import SWAPPED
 from metaservice.revisions import replaced_logs, service
 from metaservice.revisions import repository as repo
@@ -90,7 +90,7 @@ def swap_revision(
     revision_id: int,
     wait_seconds: float,
     *,
-    load_catalog: expiry.CatalogLoader | None = None,
+    load_catalog: CatalogLoader | None = None,
 ) -> RevisionView:
     """Swap a ready revision (see the module's docstring); returns it ``swapped``, or
     ``swapping`` when the mirrors have not reached the frozen originals within
@@ -102,7 +102,7 @@ def swap_revision(
     """
     db.read(lambda session: service.get_revision(session, ctx, revision_id))  # 404 first
     in_catalog = catalog_in_database(ctx.settings)
-    catalog = None if in_catalog else expiry.open_catalog(ctx.settings, load_catalog, "swapping")
+    catalog = None if in_catalog else open_catalog(ctx.settings, load_catalog, "swapping")
     from metaservice.lifecycle.iceberg import close_catalog
 
     try:
@@ -200,7 +200,7 @@ def _check_catalog_or_unavailable(catalog: Catalog, revision: RevisionView) -> N
         raise
     except Exception as exc:
         log.warning("looking up the tables of revision %d failed", revision.id, exc_info=exc)
-        raise expiry.CatalogUnavailable(
+        raise CatalogUnavailable(
             f"looking up the tables of revision {revision.id} in the catalog failed: "
             f"{_first_line(exc)}. Nothing was swapped yet (the original writers stay "
             f"stopped); POST /api/v1/revisions/{revision.id}/swap again once the catalog is "
@@ -266,7 +266,7 @@ def finish_steps(db: Database, ctx: Context, catalog: Catalog, revision_id: int)
         ) from exc
     except Exception as exc:
         log.warning("renaming the tables of revision %d failed", revision_id, exc_info=exc)
-        raise expiry.CatalogUnavailable(
+        raise CatalogUnavailable(
             f"renaming the tables of revision {revision_id} in the catalog failed: "
             f"{_first_line(exc)}. The MetaService has swapped them; POST /api/v1/revisions/"
             f"{revision_id}/swap again (metaservice revision swap {revision_id}) finishes "

@@ -22,20 +22,7 @@ PACKAGES = ("metaservice", "spark_barrier")
 
 # Circles known and left for now, each by its modules, with why. A circle that grows, or
 # one that is gone (then delete its entry), fails the test.
-KNOWN_CYCLES = {
-    # lifecycle.service refuses to expire a table whose swap is unfinished
-    # (swap.refuse_unfinished_swap), lifecycle.expiry runs lifecycle.service's plans, and
-    # revisions.swap imports lifecycle.expiry for CatalogLoader, open_catalog and
-    # CatalogUnavailable, which expiry itself imports from lifecycle.catalog: importing
-    # them from lifecycle.catalog in revisions.swap would end this circle.
-    frozenset(
-        {
-            "metaservice.lifecycle.expiry",
-            "metaservice.lifecycle.service",
-            "metaservice.revisions.swap",
-        }
-    ): "lifecycle.expiry -> lifecycle.service -> revisions.swap -> lifecycle.expiry",
-}
+KNOWN_CYCLES: dict[frozenset[str], str] = {}
 
 
 def modules_of(root: Path, packages: tuple[str, ...]) -> dict[str, tuple[Path, bool]]:
