@@ -221,7 +221,8 @@ def fence(
     batch's commits, so they never change once the batch could have been read: 409
 
     - ``batch_abandoned``: an operator abandoned the batch; the frontier went past its
-      barrier (a replay of the batch runs at a new one, :func:`.source_batches.reopen_abandoned`);
+      barrier (a replay of the batch runs at a new one,
+      :func:`.source_batches.reopen_abandoned`);
     - ``output_added_after_batch``: the table became the job's output after the batch
       was opened, so the batch completes without it (at a barrier the table's frontier
       then passes); the table is recorded from the job's next batch on;
