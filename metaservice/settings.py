@@ -20,11 +20,12 @@ checked strictly: an unknown key or a value of the wrong TOML type is a
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -33,6 +34,9 @@ from pydantic_settings import (
 )
 
 CONFIG_ENV = "METASERVICE_CONFIG"
+# Storage properties that carry a secret (s3.secret-access-key, s3.session-token, a
+# password, an account key...): never handed out by the REST catalog.
+_SECRET_KEY = re.compile(r"secret|token|password|credential|access-key|account-key|sas", re.I)
 
 
 class ConfigFileError(ValueError):
@@ -123,6 +127,20 @@ class Settings(BaseSettings):
     max_page_size: int = Field(1000, gt=0)
     max_commits_per_request: int = Field(10_000, gt=0)
     max_lease_seconds: int = Field(7 * 24 * 3600, gt=0)
+    catalog_session_idle_seconds: int = Field(
+        3600,
+        gt=0,
+        description="How long the Iceberg REST catalog (/iceberg) keeps an idle session's "
+        "version: each session's version is held by a lease that every request of the "
+        "session renews; one unused for this long ends, and its snapshots may be expired.",
+    )
+    catalog_table_config: dict[str, str] = Field(
+        default_factory=dict,
+        description="Non-secret storage properties the Iceberg REST catalog hands engines "
+        'with every table (JSON in METASERVICE_CATALOG_TABLE_CONFIG, e.g. {"s3.endpoint": '
+        '"http://minio:9000", "s3.region": "eu-west-1"}); readers bring their own '
+        "credentials, and a credential given here is refused.",
+    )
     revision_ready_lag_ms: int = Field(
         5000,
         ge=0,
@@ -141,7 +159,7 @@ class Settings(BaseSettings):
     log_address_allowlist: list[str] = Field(
         default_factory=list,
         description="Log service hosts (or host:port) the service calls without a proof "
-        'that they hold a writer token (JSON in METASERVICE_LOG_ADDRESS_ALLOWLIST, e.g. '
+        "that they hold a writer token (JSON in METASERVICE_LOG_ADDRESS_ALLOWLIST, e.g. "
         '["logs.internal:7070"]). Empty: with auth on, a published log address is accepted '
         "and called only when the log service there proves it holds one; given: only "
         "these addresses are accepted.",
@@ -172,6 +190,17 @@ class Settings(BaseSettings):
         gt=0,
         description="How long an event the backend did not take waits before the next try.",
     )
+
+    @field_validator("catalog_table_config")
+    @classmethod
+    def _no_credentials(cls, config: dict[str, str]) -> dict[str, str]:
+        secret = sorted(k for k in config if _SECRET_KEY.search(k))
+        if secret:
+            raise ValueError(
+                f"catalog_table_config must hold no credentials ({', '.join(secret)}): "
+                "engines bring their own storage credentials"
+            )
+        return config
 
     @classmethod
     def settings_customise_sources(
