@@ -509,7 +509,8 @@ def test_with_another_catalog_the_tables_are_renamed_right_after_the_swap(
     through pyiceberg after the swap's commit."""
     properties = sql_catalog_properties(f"sqlite:///{tmp_path / 'catalog.db'}", str(tmp_path))
     assert (
-        swap_module.catalog_in_database(Settings(db_url=db_url, catalog_properties=properties)) is None
+        swap_module.catalog_in_database(Settings(db_url=db_url, catalog_properties=properties))
+        is None
     )
     elsewhere = open_catalog(properties["uri"], properties["warehouse"])
     try:
