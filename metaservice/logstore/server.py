@@ -59,6 +59,7 @@ from metaservice.auth.schemas import Role
 from metaservice.errors import Invalid, NotFound, ServiceError, TooLarge
 from metaservice.logstore import ipc, proof, wire
 from metaservice.logstore.auth import LogAuth, check_listen
+from metaservice.logstore.openapi import log_openapi
 from metaservice.logstore.store import LogStore, TableLog, TableStatus
 from metaservice.names import JOB_PATTERN, check_table_name
 
@@ -227,6 +228,10 @@ def create_log_app(
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
+    async def document(request: Request) -> Response:
+        """The routes as OpenAPI (they describe the service and hold no data: open)."""
+        return JSONResponse(log_openapi(PersistedBody, SpilledBody, ResetBody))
+
     prefix = wire.API_PREFIX
     routes = [
         Route(f"{prefix}/tables/{{table}}/entries", append, methods=["POST"]),
@@ -237,6 +242,7 @@ def create_log_app(
         Route(f"{prefix}/status", status, methods=["GET"]),
         Route(f"{prefix}/identity", identity, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
+        Route("/openapi.json", document, methods=["GET"]),
     ]
     return Starlette(
         routes=routes,
