@@ -56,7 +56,7 @@ class RequestId:
             return
         given = dict(scope.get("headers", [])).get(REQUEST_ID_HEADER.lower().encode(), b"")
         text = given.decode("latin-1")
-        rid = text if _GOOD_ID.match(text) else uuid.uuid4().hex
+        rid = text if _GOOD_ID.fullmatch(text) else uuid.uuid4().hex
         token = request_id.set(rid)
 
         async def send_with_id(message: Message) -> None:

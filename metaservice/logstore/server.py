@@ -310,7 +310,7 @@ def _reader(request: Request) -> str | None:
 
 def _job(request: Request) -> str | None:
     job = request.query_params.get("job")
-    if job is not None and not _JOB.match(job):
+    if job is not None and not _JOB.fullmatch(job):
         raise Invalid(f"job {job[:210]!r} is not a job name", field="job", code=MALFORMED)
     return job
 

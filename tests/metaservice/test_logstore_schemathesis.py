@@ -104,3 +104,10 @@ def test_the_document_names_every_route() -> None:
         "/v1/identity",
         "/healthz",
     }
+
+
+def test_a_job_name_with_a_trailing_newline_is_refused() -> None:
+    with TestClient(seeded_app()) as client:
+        r = client.get(f"/v1/tables/{TABLE}/entries", params={"job": "src\n"})
+        assert r.status_code == 422 and r.json()["field"] == "job", r.text
+        assert client.get(f"/v1/tables/{TABLE}/entries", params={"job": "src"}).status_code == 200

@@ -284,7 +284,13 @@ def test_an_unpaired_surrogate_is_422_and_a_pair_is_text(client: TestClient, db_
 
 
 def test_a_name_with_a_trailing_newline_is_no_name(client: TestClient, db_url: str) -> None:
-    for bad, check in (("ods.orders\n", names.check_table_name), ("src\n", names.check_job_name)):
+    from metaservice.versions.tags.service import check_tag_name
+
+    for bad, check in (
+        ("ods.orders\n", names.check_table_name),
+        ("src\n", names.check_job_name),
+        ("daily\n", check_tag_name),
+    ):
         with pytest.raises(Invalid):
             check(bad)
     put_job(client, "src", ["ods.orders"])

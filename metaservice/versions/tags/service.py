@@ -35,7 +35,7 @@ _TAG = re.compile(TAG_PATTERN)
 
 def check_tag_name(name: str, field: str = "name") -> str:
     """422 ``invalid_tag_name`` unless ``name`` is a safe Iceberg ref name for a tag."""
-    if not _TAG.match(name):
+    if not _TAG.fullmatch(name):
         raise Invalid(
             f"{name[:120]!r} is not a tag name: 1-100 letters, digits, '_', '.', '-', "
             "starting with a letter or digit, e.g. daily-2026-12-01",
