@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 from metaservice.barriers import frontiers as fr
 from metaservice.barriers import repository as barrier_repo
 from metaservice.context import Context
+from metaservice.contract import slot_of
 from metaservice.errors import Conflict, Invalid, NotFound
 from metaservice.logstore.probe import LogProbe, ProbeAnswer
 from metaservice.models import DERIVED, SOURCE, Commit, Job, JobInput, Table
@@ -55,7 +56,7 @@ def put_job(session: Session, ctx: Context, name: str, spec: JobSpec) -> tuple[J
     _check_acyclic(session, ctx, name, inputs, outputs)
     _check_revisions(session, existing, inputs, outputs)
     kind = DERIVED if inputs else SOURCE  # unchanged for a job that has run
-    floor = _check_takeover(session, existing, name, kind, outputs)
+    floor = _check_takeover(session, ctx, existing, name, kind, outputs)
     job = existing or _create_job(session, ctx, name)
     if existing is not None and (kind != job.kind or set(inputs) != set(current_inputs)):
         # A job that never ran (_check_identity): its plans were made for the old
@@ -191,7 +192,7 @@ def _check_revisions(
 
 
 def _check_takeover(
-    session: Session, job: Job | None, name: str, kind: str, outputs: list[str]
+    session: Session, ctx: Context, job: Job | None, name: str, kind: str, outputs: list[str]
 ) -> int | None:
     """Moving an output to another job (or deleting a job and registering another
     writer) keeps the table's history and frontier (DESIGN.md). Returns the barrier
@@ -212,6 +213,30 @@ def _check_takeover(
             f"batch, would take the table's back. Let the batch commit, then retry. {keep}",
             field="outputs",
             code="batch_open",
+        )
+    current_slot = slot_of(ctx.now_ms(), ctx.interval)
+    if floor > current_slot:
+        # The history reaches a slot not yet over (an offline claim ahead of the clock):
+        # the new writer would have to start ahead of the clock, so one job's skew would
+        # move another's barriers.
+        raise Conflict(
+            f"job '{name}' cannot take on '{table.name}' yet: its history reaches barrier "
+            f"{floor}, a slot of the MetaService's clock still to come (now "
+            f"{current_slot}). Retry once that slot has passed. {keep}",
+            field="outputs",
+            code="history_ahead",
+        )
+    grant = job.offline_floor if job is not None else None
+    if grant is not None and grant <= floor:
+        # Its driver may give itself barriers from the grant's floor on while the
+        # MetaService is unreachable: at or below the table's history.
+        raise Conflict(
+            f"job '{name}' holds an offline grant from barrier {grant}, at or below the "
+            f"history of '{table.name}' (up to barrier {floor}): a batch it gives itself "
+            "offline could stamp the table there. Retry once the job has reported in past "
+            f"that barrier (its grant renews every slot), or release the grant first. {keep}",
+            field="outputs",
+            code="offline_grant",
         )
     if kind == SOURCE and any(t.handover_kind != SOURCE for t in taken.values()):
         raise Conflict(

@@ -1879,6 +1879,10 @@ class Simulation:
         """The job's added output moves to the next job of the topology."""
         jd, js = self.topo.job(job), self.jobs[job]
         extra = f"{jd.output}_x"
+        if js.claims:
+            # (checked before the output is added: an offline batch is announced later,
+            # and which outputs it was opened with is the driver's, not modelled here)
+            return "claims undelivered"
         if extra not in js.outputs:
             if any(extra in o.outputs for _, o in self.live()):
                 return "elsewhere"

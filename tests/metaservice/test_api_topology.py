@@ -195,7 +195,7 @@ def test_put_job_description_with_nul_character_is_refused(client, db_url):
     """PostgreSQL text cannot hold NUL, so neither database accepts it."""
     with unchanged(db_url):
         r = client.put(f"{API}/jobs/j", json={"outputs": ["ods.a"], "description": "a\x00b"})
-        assert_error(r, 422, "invalid_request", field="description")
+        assert_error(r, 422, "invalid_character", field="description")
 
 
 # -- GET /jobs, GET /jobs/{job} -----------------------------------------------------------

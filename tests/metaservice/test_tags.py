@@ -372,8 +372,10 @@ def test_a_bad_name_is_422_and_changes_nothing(
 ) -> None:
     pipeline(client, lake)
     before = refs(lake.catalog)
+    # A NUL is refused for every field at the door, before the name's own rule.
+    code = "invalid_character" if "\x00" in name else "invalid_tag_name"
     with unchanged(db_url):
-        assert_error(tag(client, name), 422, "invalid_tag_name", field="name")
+        assert_error(tag(client, name), 422, code, field="name")
     assert refs(lake.catalog) == before
 
 

@@ -195,7 +195,59 @@ def _source_with_open_batch(c: TestClient, clock: ManualClock) -> None:
     barrier(c, "s2", 0)  # open, not committed
 
 
+def _source_holding_an_offline_grant(c: TestClient, clock: ManualClock) -> None:
+    put_job(c, "s", ["ods.s"])
+    clock.advance(SLOT)
+    run_batch(c, "s", 0, {"ods.s": 101})  # the history reaches this slot
+    put_job(c, "s", ["ods.other"])
+    put_job(c, "s2", ["ods.t"])
+    r = c.put(f"{API}/jobs/s2/offline-grant", json={"floor": 0})  # its floor: this slot
+    assert r.status_code == 200, r.text
+
+
+def _history_ahead_of_the_clock(c: TestClient, clock: ManualClock) -> None:
+    put_job(c, "s", ["ods.s"])
+    clock.advance(SLOT)
+    r = c.put(f"{API}/jobs/s/offline-grant", json={"floor": 0})
+    assert r.status_code == 200, r.text
+    # an offline batch its driver gave a barrier two slots ahead of the clock
+    claimed = c.post(f"{API}/jobs/s/batches/0/barrier", json={"barrier": T0 + 3 * SLOT})
+    assert claimed.status_code == 200, claimed.text
+    r = c.post(
+        f"{API}/commits",
+        json={
+            "job": "s",
+            "batch_id": 0,
+            "barrier": T0 + 3 * SLOT,
+            "table": "ods.s",
+            "snapshot_id": 101,
+        },
+    )
+    assert r.status_code == 200, r.text
+    assert c.delete(f"{API}/jobs/s/offline-grant").status_code == 204
+    put_job(c, "s", ["ods.other"])
+    put_job(c, "s2", ["ods.t"])
+
+
 REFUSED = [
+    Refused(
+        "a source holding an offline grant at or below the history takes the table",
+        _source_holding_an_offline_grant,
+        "PUT",
+        "/jobs/s2",
+        {"inputs": [], "outputs": ["ods.t", "ods.s"]},
+        "offline_grant",
+        "release the grant",
+    ),
+    Refused(
+        "a source takes a table whose history is ahead of the clock",
+        _history_ahead_of_the_clock,
+        "PUT",
+        "/jobs/s2",
+        {"inputs": [], "outputs": ["ods.t", "ods.s"]},
+        "history_ahead",
+        "Retry once that slot has passed",
+    ),
     Refused(
         "a source takes a derived table's history",
         _derived_table_writerless,
