@@ -3,7 +3,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class Role(StrEnum):
@@ -45,14 +45,6 @@ class TokenRequest(BaseModel):
     jobs: list[JobScope] | None = Field(
         None, min_length=1, max_length=100, description=_JOBS_DESCRIPTION
     )
-
-    @model_validator(mode="after")
-    def _scope_only_for_writers(self) -> TokenRequest:
-        if self.jobs is not None and self.role is not Role.WRITER:
-            raise ValueError(
-                f"jobs scopes a writer token; a {self.role.value} token cannot be scoped"
-            )
-        return self
 
 
 class TokenCreated(BaseModel):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from fnmatch import fnmatchcase
 from sqlalchemy.orm import Session
 
 from metaservice.auth import repository as repo
-from metaservice.auth.schemas import Role, TokenCreated, TokenView
+from metaservice.auth.schemas import JOB_SCOPE_PATTERN, Role, TokenCreated, TokenView
 from metaservice.context import Context
 from metaservice.errors import Forbidden, Invalid, NotFound, Unauthenticated
 from metaservice.schemas_common import Page
@@ -45,6 +46,11 @@ class Caller:
         """Whether this caller may act for ``job`` (always, unless it is a scoped writer)."""
         return self.jobs is None or any(fnmatchcase(job, pattern) for pattern in self.jobs)
 
+    def acts_for_table(self, writer: str | None) -> bool:
+        """Whether this caller may act for a table whose writer job is ``writer`` (None:
+        no job writes it, which only an unscoped caller may act on)."""
+        return self.jobs is None or (writer is not None and self.acts_for(writer))
+
 
 # With auth off every request acts as admin, so the embedded demo needs no token.
 ANONYMOUS_ADMIN = Caller(role=Role.ADMIN)
@@ -62,13 +68,8 @@ def create_token(
     jobs: Sequence[str] | None = None,
 ) -> TokenCreated:
     """A new token; ``jobs`` (writers only) scopes it to those job names or patterns."""
-    if jobs is not None and role is not Role.WRITER:
-        raise Invalid(
-            f"only a writer token can be scoped to jobs; this one has the {role.value} role",
-            field="jobs",
-        )
-    if jobs is not None and not jobs:
-        raise Invalid("a scoped token needs at least one job name or pattern", field="jobs")
+    if jobs is not None:
+        _check_scope(role, jobs)
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     stored = _JOBS_SEPARATOR.join(jobs) if jobs is not None else None
     row = repo.add(session, hash_token(token), role.value, description, ctx.now_ms(), stored)
@@ -121,14 +122,11 @@ def check_job_scope(caller: Caller, job: str, field: str = "job") -> None:
 
 
 def check_table_scope(caller: Caller, table: str, writer: str | None) -> None:
-    """Forbidden unless the caller may act for ``table``, whose writer job is ``writer``
-    (None: no job writes it, which only an unscoped caller may act on)."""
-    if caller.jobs is None:
-        return
-    if writer is None or not caller.acts_for(writer):
+    """Forbidden unless the caller may act for ``table``, whose writer job is ``writer``."""
+    if not caller.acts_for_table(writer):
         whose = f"job '{writer}'" if writer is not None else "no registered job"
         raise Forbidden(
-            f"this writer token is scoped to the jobs {', '.join(caller.jobs)}; table "
+            f"this writer token is scoped to the jobs {', '.join(caller.jobs or ())}; table "
             f"'{table}' is written by {whose} (use a token scoped to its writer, or an "
             "unscoped one)",
             field="table",
@@ -136,8 +134,27 @@ def check_table_scope(caller: Caller, table: str, writer: str | None) -> None:
         )
 
 
+def _check_scope(role: Role, jobs: Sequence[str]) -> None:
+    """The one check of a token's scope (the API, the CLI and the tests all come here)."""
+    if role is not Role.WRITER:
+        raise Invalid(
+            f"a {role.value} token cannot be scoped to jobs: only writer tokens can",
+            field="jobs",
+        )
+    if not jobs:
+        raise Invalid("a scoped token needs at least one job name or pattern", field="jobs")
+    for i, pattern in enumerate(jobs):
+        if not _JOB_SCOPE.fullmatch(pattern):
+            raise Invalid(
+                f"'{pattern[:210]}' is not a job name or pattern: letters, digits, '_', "
+                "'.', '-', and '*' (any characters) or '?' (one)",
+                field=f"jobs.{i}",
+            )
+
+
 # Patterns hold no commas (JOB_SCOPE_PATTERN), so one text column keeps the list.
 _JOBS_SEPARATOR = ","
+_JOB_SCOPE = re.compile(JOB_SCOPE_PATTERN)
 
 
 def _scope(stored: str | None) -> list[str] | None:

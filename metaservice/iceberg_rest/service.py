@@ -180,10 +180,8 @@ def renew_session(session: Session, ctx: Context, lease_id: str) -> None:
     now = ctx.now_ms()
     if row is None or row.expires_ms <= now:
         raise _ended(ctx, lease_id, row is not None)
-    for t in tables:
-        expired = t.expiry_horizon is not None and row.barrier < t.expiry_horizon
-        if t.snapshot_id is not None and expired:
-            raise _ended(ctx, lease_id, True)
+    if any(versions.may_be_expired(row.barrier, t.snapshot_id, t.expiry_horizon) for t in tables):
+        raise _ended(ctx, lease_id, True)
     idle_ms = ctx.settings.catalog_session_idle_seconds * 1000
     if not repo.extend_lease(session, lease_id, now, now + idle_ms):
         raise _ended(ctx, lease_id, True)

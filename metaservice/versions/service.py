@@ -126,11 +126,17 @@ def _version_of(
     return version
 
 
+def may_be_expired(barrier: int, snapshot: int | None, horizon: int | None) -> bool:
+    """Whether a table's ``snapshot`` at ``barrier`` may have been expired: it is below
+    the table's expiry horizon (a table empty at the barrier names none, and is fine)."""
+    return snapshot is not None and horizon is not None and barrier < horizon
+
+
 def _check_horizons(version: ConsistentVersion, tables: dict[str, Table], field: str) -> None:
     """409 ``expired`` when the version names a snapshot below a table's expiry horizon."""
     for name, snapshot in sorted(version.snapshots.items()):
         horizon = tables[name].expiry_horizon
-        if horizon is None or version.barrier >= horizon or snapshot is None:
+        if not may_be_expired(version.barrier, snapshot, horizon):
             continue
         raise Conflict(
             f"the consistent version at barrier {version.barrier} needs snapshot {snapshot} "
