@@ -1,18 +1,18 @@
 """Changing a catalog outside the MetaService's database in steps, since no transaction
 spans the two. Two shapes, for two kinds of change:
 
-- **All or nothing** (:class:`UndoLog`): each step done is remembered with its undo; when
-  a later step, or the record that follows, fails, the steps done are undone newest
-  first. Making a revision's mirrors is one (``revisions.mirrors``)::
+- **All or nothing** (:func:`all_or_nothing`, on an :class:`UndoLog`): each step done is
+  remembered with its undo; when a later step, or the record that follows, fails, the
+  steps done are undone newest first and the record made before them is forgotten.
+  Making a revision's mirrors (``revisions.mirrors``) and publishing a tag
+  (``versions.tags.publish``) are two::
 
-      undo = UndoLog()
-      try:
-          for m in mirrors:
-              undo.run(lambda m=m: create(m), lambda made, m=m: drop(m, made))
-          record()
-      except Exception:
-          undo.undo_all()
-          raise
+      all_or_nothing(
+          "making the mirrors",
+          [(partial(create, m), partial(drop, m)) for m in mirrors],
+          finish=mark_planned,
+          forget=forget_the_record,
+      )
 
 - **Forward to the end** (:func:`resume`): a change the MetaService has committed to
   already (its records changed) cannot be undone; its steps are journaled in that same
@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 class UndoLog:
@@ -58,6 +59,44 @@ class UndoLog:
                 failed = failed or exc
         if failed is not None:
             raise failed
+
+
+class UndoFailed(Exception):
+    """A change failed (``cause``), and undoing it failed too (``error``): what was done
+    may be left, with the record that names it."""
+
+    def __init__(self, cause: Exception, error: Exception) -> None:
+        super().__init__(f"undoing after {type(cause).__name__} failed: {error}")
+        self.cause = cause
+        self.error = error
+
+
+def all_or_nothing(
+    what: str,
+    steps: Iterable[tuple[Callable[[], Any], Callable[[Any], Any]]],
+    *,
+    finish: Callable[[], R],
+    forget: Callable[[], object],
+) -> R:
+    """Do each step (``(do, undo)``, ``undo`` given what ``do`` returned), then ``finish``
+    (the record that says it is done), and return what that returns. Should any of them
+    fail, the steps done are undone newest first, then ``forget`` drops the record made
+    before the steps, and what failed is raised: nothing is left. Should the undo fail
+    too, :class:`UndoFailed` is raised (``what`` names the change in the log)."""
+    undo = UndoLog()
+    try:
+        for do, undo_step in steps:
+            undo.run(do, undo_step)
+        return finish()
+    except Exception as exc:
+        log.warning("%s failed (%s); undoing it", what, exc)
+        try:
+            undo.undo_all()
+            forget()
+        except Exception as failed:
+            log.exception("undoing %s failed", what)
+            raise UndoFailed(exc, failed) from failed
+        raise
 
 
 class StepBlocked(Exception):

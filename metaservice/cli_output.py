@@ -14,8 +14,13 @@ One place for each fact, so that all commands print and read the same way:
   the terminal as the start of a sequence; JSON output escapes them as JSON does.
 - Wherever a barrier is asked for, it is read as epoch milliseconds, ISO-8601
   (``2026-05-01T12:00:00Z``; no zone means UTC), ``now``, or relative (``10m ago``).
+- A query command is one call of :func:`answer`: it asks the service, prints the answer
+  as JSON or as the command draws it, and turns an error of the service into exit
+  status 1 (``error: ...`` on stderr)::
 
-This module needs the base install only (typer, rich, pydantic).
+      answer(url, token, lambda ms: ms.delay(table), show_delay, output=output)
+
+This module needs the base install only (typer, rich, pydantic, the client).
 """
 
 from __future__ import annotations
@@ -26,13 +31,15 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from pydantic import BaseModel
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table as RichTable
+
+from metaservice.client import MetaServiceClient, MetaServiceError
 
 __all__ = [
     "DEFAULT_URL",
@@ -43,6 +50,8 @@ __all__ = [
     "TokenOption",
     "UrlOption",
     "ago",
+    "answer",
+    "ask",
     "duration",
     "duration_ms",
     "fail",
@@ -55,6 +64,7 @@ __all__ = [
 ]
 
 NO_DATA = "no data yet"
+T = TypeVar("T")
 
 
 class Output(enum.StrEnum):
@@ -153,6 +163,41 @@ class Printer:
 
 def printer(output: Output = Output.table, json_flag: bool = False) -> Printer:
     return Printer(output, json_flag=json_flag)
+
+
+# -- asking the service ----------------------------------------------------------------------
+
+
+def ask(url: str, token: str | None, request: Callable[[MetaServiceClient], T]) -> T:
+    """``request`` made of a client of the service at ``url``; an error the service
+    answers is the command's error (exit status 1)."""
+    try:
+        with MetaServiceClient(url, token=token) as ms:
+            return request(ms)
+    except MetaServiceError as exc:
+        raise fail(str(exc)) from exc
+
+
+def answer(
+    url: str,
+    token: str | None,
+    request: Callable[[MetaServiceClient], T],
+    show: Callable[[Printer, T], None],
+    *,
+    output: Output = Output.table,
+    json_flag: bool = False,
+    as_json: Callable[[T], Any] | None = None,
+) -> T:
+    """What a query command does: :func:`ask` the service, then print its answer, as
+    JSON (``as_json`` of it, else all of it) or as ``show`` draws it; returns the answer
+    (for an exit status that depends on it)."""
+    out = Printer(output, json_flag=json_flag)
+    found = ask(url, token, request)
+    if out.json:
+        out.dump(found if as_json is None else as_json(found))
+    else:
+        show(out, found)
+    return found
 
 
 def plain_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

@@ -26,9 +26,9 @@ if TYPE_CHECKING:
     from spark_barrier.reads import ConsistentRead, read_at_barrier, read_consistent
     from spark_barrier.spark_session import local_spark_builder
 
-# The public names, loaded on first use: `spark_barrier.iceberg.catalog` (which
-# `metaservice reconcile` uses) must import without pyspark, and importing a
-# submodule runs this file first.
+# The public names, loaded on first use: `spark_barrier.iceberg.catalog` (a catalog
+# and its tables, made before any SparkSession) must import without pyspark, and
+# importing a submodule runs this file first.
 _HOME = {
     **dict.fromkeys(("BarrierBatchError", "BarrierConfigError"), "spark_barrier.errors"),
     **dict.fromkeys(

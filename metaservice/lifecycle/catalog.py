@@ -1,5 +1,5 @@
 """Opening the jobs' Iceberg catalog for the service's own work (expiry, tags, mirrors),
-and the error it answers when that cannot be done.
+and the error it answers when that cannot be done (:func:`unavailable` words it).
 
 Its own module so that those who need a catalog (``lifecycle.expiry``,
 ``versions.tags.publish``, ``revisions.mirrors``) depend on it and not on each other:
@@ -8,6 +8,7 @@ expiry uses the tags' clean-up, and the tags only need a catalog.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -16,6 +17,8 @@ from metaservice.settings import Settings
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
+
+log = logging.getLogger(__name__)
 
 CatalogLoader = Callable[[Settings], "Catalog"]
 
@@ -49,3 +52,19 @@ def open_catalog(
             "METASERVICE_CATALOG_PROPERTIES, else a SQL catalog in METASERVICE_DB_URL with "
             "tables under METASERVICE_WAREHOUSE"
         ) from exc
+
+
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """``exc``'s type and the first line of its message (cut at ``limit`` characters)."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:limit] if text else ''}"
+
+
+def unavailable(doing: str, exc: Exception, then: str) -> CatalogUnavailable:
+    """503 ``catalog_unavailable``: ``doing`` failed because of ``exc``; ``then`` says what
+    was left (logged with ``exc``'s stack)."""
+    log.warning("%s failed", doing, exc_info=exc)
+    return CatalogUnavailable(
+        f"{doing} failed: {first_line(exc)}. {then}; try again once the catalog and its "
+        "storage are reachable"
+    )

@@ -1,6 +1,7 @@
-"""``metaservice expire``, and the ``--expire-every`` option of ``metaservice start``.
+"""``metaservice expirable`` and ``metaservice expire``, and the ``--expire-every`` option of
+``metaservice start``.
 
-A query command: it calls a running MetaService through the client and needs the base
+Query commands: they call a running MetaService through the client and need the base
 install only (no server, no pyiceberg here: the service does the expiry).
 """
 
@@ -12,18 +13,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from metaservice.cli_output import (
-    DEFAULT_URL,
-    JsonFlag,
-    Output,
-    OutputOption,
-    Printer,
-    TokenOption,
-    UrlOption,
-    parse_duration,
-)
+from metaservice import cli_output as fmt
 from metaservice.client import MetaServiceClient, MetaServiceError
-from metaservice.lifecycle.schemas import ExpiryResult
+from metaservice.lifecycle.schemas import ExpiryPlan, ExpiryResult
 
 err = Console(stderr=True)
 
@@ -31,7 +23,7 @@ ExpireEveryOption = Annotated[
     float | None,
     typer.Option(
         "--expire-every",
-        parser=parse_duration,
+        parser=fmt.parse_duration,
         metavar="DURATION",
         help="Expire every table's unused snapshots on this period, e.g. 10m "
         "(METASERVICE_EXPIRE_EVERY_SECONDS; needs the iceberg extra). Default: off",
@@ -40,22 +32,44 @@ ExpireEveryOption = Annotated[
 ]
 
 
+def expirable(
+    table: Annotated[str, typer.Argument(help="Table identifier")],
+    output: fmt.OutputOption = fmt.Output.table,
+    url: fmt.UrlOption = fmt.DEFAULT_URL,
+    token: fmt.TokenOption = None,
+) -> None:
+    """Show which snapshots of a table may be expired and why the others are kept."""
+    fmt.answer(url, token, lambda ms: ms.expirable(table), _show_plan, output=output)
+
+
+def _show_plan(out: fmt.Printer, plan: ExpiryPlan) -> None:
+    out.line(
+        f"{len(plan.expirable)} snapshots of {escape(plan.table)} may be expired; "
+        f"{len(plan.kept)} kept"
+    )
+    out.table(
+        f"{len(plan.kept)} kept",
+        ("snapshot", "barrier", "kept because"),
+        [(str(s.snapshot_id), fmt.when(s.barrier), "; ".join(s.reasons)) for s in plan.kept],
+    )
+
+
 def expire(
     tables: Annotated[list[str], typer.Argument(help="Table identifiers, e.g. ods.orders")],
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="List what would be removed; change nothing")
     ] = False,
-    output: OutputOption = Output.table,
-    as_json: JsonFlag = False,
-    url: UrlOption = DEFAULT_URL,
-    token: TokenOption = None,
+    output: fmt.OutputOption = fmt.Output.table,
+    as_json: fmt.JsonFlag = False,
+    url: fmt.UrlOption = fmt.DEFAULT_URL,
+    token: fmt.TokenOption = None,
 ) -> None:
     """Expire the tables' snapshots that nothing uses any more (admin), and delete the
     files only they referenced; print snapshots, files and bytes per table.
 
     Exits with 1 when any table failed (the others are expired all the same).
     """
-    out = Printer(output, json_flag=as_json)
+    out = fmt.Printer(output, json_flag=as_json)
     results: list[ExpiryResult] = []
     failed = False
     with MetaServiceClient(url, token=token) as ms:
@@ -74,7 +88,7 @@ def expire(
         raise typer.Exit(code=1)
 
 
-def _print(out: Printer, r: ExpiryResult) -> None:
+def _print(out: fmt.Printer, r: ExpiryResult) -> None:
     verb = "would remove" if r.dry_run else "removed"
     out.line(
         f"[bold]{escape(r.table)}[/]: {verb} {r.snapshots_removed} snapshots, "

@@ -3,7 +3,7 @@ deleting the files only they referenced.
 
 This module imports pyiceberg (the ``iceberg`` extra); ``lifecycle.expiry`` imports it
 only when an expiry has something to remove, so the service runs without pyiceberg.
-Catalogs are loaded by ``spark_barrier.iceberg.catalog``, which imports no pyspark.
+Catalogs are loaded by :mod:`metaservice.catalog_loading`, as the Spark side loads them.
 
 Which files go: every file a removed snapshot reached (its manifest list, its manifests,
 and the data and delete files live in them), minus every file a snapshot still in the
@@ -43,12 +43,14 @@ from pyiceberg.table.update import AssertTableUUID, RemoveSnapshotsUpdate
 from sqlalchemy import inspect
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
+from metaservice.catalog_loading import CATALOG_NAME, is_sql_catalog
+from metaservice.catalog_loading import load_catalog as load_by_properties
 from metaservice.contract import parse_log_files
+from metaservice.lifecycle.catalog import first_line
 from metaservice.settings import Settings
 
 log = logging.getLogger(__name__)
 
-CATALOG_NAME = "metaservice"
 # A removal loses the race against a concurrent commit at most this often in a row
 # before the expiry gives up (the reservation stands; the next run retries).
 COMMIT_ATTEMPTS = 5
@@ -63,27 +65,14 @@ def load_catalog(settings: Settings) -> Catalog:
 
     The service only reads and updates tables the jobs made: it never creates a SQL
     catalog's own tables (``init_catalog_tables``), so an expiry on a database without
-    them changes nothing. ``spark_barrier.iceberg.catalog`` imports no pyspark.
+    them changes nothing.
     """
     from metaservice.reconcile.iceberg import catalog_properties
-    from spark_barrier.iceberg.catalog import load_catalog as load_by_properties
 
     properties = catalog_properties(settings)
-    if _is_sql(properties):
+    if is_sql_catalog(properties):
         properties.setdefault("init_catalog_tables", "false")
     return load_by_properties(properties, CATALOG_NAME)
-
-
-def is_sql_catalog(properties: dict[str, str]) -> bool:
-    """Whether pyiceberg makes a SQL catalog of ``properties``."""
-    return _is_sql(properties)
-
-
-def _is_sql(properties: dict[str, str]) -> bool:
-    kind = properties.get("type")
-    if kind is not None:
-        return kind.lower() == "sql"
-    return properties.get("uri", "").startswith(("sqlite", "postgres"))  # pyiceberg infers sql
 
 
 def close_catalog(catalog: Catalog) -> None:
@@ -319,15 +308,10 @@ def remove_snapshots(
             # removed some of these snapshots already.
             if attempt == COMMIT_ATTEMPTS:
                 raise
-            log.info("expiry of %s lost a race (%s); retrying", identifier, _first_line(exc))
+            log.info("expiry of %s lost a race (%s); retrying", identifier, first_line(exc, 200))
             continue
         return catalog.load_table(identifier), ids
     raise AssertionError("unreachable")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:200] if text else ''}"
 
 
 def delete_files(io: FileIO, files: Iterable[TableFile]) -> list[TableFile]:

@@ -13,15 +13,7 @@ from typing import Annotated
 import typer
 
 from metaservice import cli_output as fmt
-from metaservice.cli_output import (
-    DEFAULT_URL,
-    Output,
-    OutputOption,
-    Printer,
-    TokenOption,
-    UrlOption,
-)
-from metaservice.client import MetaServiceClient, MetaServiceError, NotFoundError
+from metaservice.client import MetaServiceClient, NotFoundError
 from metaservice.logstore.store import (
     DEFAULT_KEEP_BARRIERS,
     DEFAULT_MAX_BYTES,
@@ -243,25 +235,24 @@ def _properties(pairs: list[str]) -> dict[str, str]:
 @app.command()
 def status(
     table: Annotated[str | None, typer.Option("--table", "-t", help="Only this table")] = None,
-    output: OutputOption = Output.table,
-    url: UrlOption = DEFAULT_URL,
-    token: TokenOption = None,
+    output: fmt.OutputOption = fmt.Output.table,
+    url: fmt.UrlOption = fmt.DEFAULT_URL,
+    token: fmt.TokenOption = None,
 ) -> None:
     """Show each table's log: mode, address, offsets held, memory and readers, as the
     MetaService gets them from the log services it names (GET /api/v1/tables/{table}/log);
     a log spread over several services gets a row per service."""
-    out = Printer(output)
-    try:
-        with MetaServiceClient(url, token=token) as ms:
-            if table:  # a table without a log: 404 no_log says how to enable one
-                logs = [ms.get_table_log(table)]
-            else:
-                named = [v.name for v in ms.all_tables() if v.log is not None]
-                logs = [found for name in named if (found := _log_of(ms, name)) is not None]
-    except MetaServiceError as exc:
-        raise fmt.fail(str(exc)) from None
-    if out.json:
-        return out.dump(logs)
+
+    def logs_of(ms: MetaServiceClient) -> list[TableLogStatus]:
+        if table:  # a table without a log: 404 no_log says how to enable one
+            return [ms.get_table_log(table)]
+        named = [v.name for v in ms.all_tables() if v.log is not None]
+        return [found for name in named if (found := _log_of(ms, name)) is not None]
+
+    fmt.answer(url, token, logs_of, _show_logs, output=output)
+
+
+def _show_logs(out: fmt.Printer, logs: list[TableLogStatus]) -> None:
     out.table(
         f"{len(logs)} table logs",
         ("table", "mode", "address", "epoch", "offsets held", "entries", "memory", "readers"),

@@ -59,8 +59,9 @@ from metaservice.auth.schemas import Role
 from metaservice.errors import Invalid, NotFound, ServiceError, TooLarge
 from metaservice.logstore import ipc, proof, wire
 from metaservice.logstore.auth import LogAuth, check_listen
+from metaservice.logstore.entries import TableStatus
 from metaservice.logstore.openapi import log_openapi
-from metaservice.logstore.store import LogStore, TableLog, TableStatus
+from metaservice.logstore.store import LogStore, TableLog
 from metaservice.names import JOB_PATTERN, check_table_name
 
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@
 The only part of reconciliation that needs pyiceberg: its imports stay inside the
 functions, so the service runs without it. The catalog is the one the jobs use, by
 its pyiceberg properties (:func:`catalog_properties`), loaded through
-``spark_barrier.iceberg.catalog``, which imports no pyspark: reconciliation runs
+:mod:`metaservice.catalog_loading`, which imports no pyspark: reconciliation runs
 where only the ``iceberg`` extra is installed.
 """
 
@@ -100,7 +100,7 @@ def catalog_properties(
     ``catalog_properties`` (``METASERVICE_CATALOG_PROPERTIES``) when set, else a SQL
     catalog at ``catalog_uri``, else ``METASERVICE_CATALOG_URI``, else in the
     MetaService's own database, with tables under ``warehouse`` (else the setting)."""
-    from spark_barrier.iceberg.catalog import sql_catalog_properties
+    from metaservice.catalog_loading import sql_catalog_properties
 
     if settings.catalog_properties:
         if catalog_uri:
@@ -122,7 +122,7 @@ def reconcile_database(
     clock: Clock | None = None,
 ) -> ReconcileReport:
     """Open the database and the catalog (:func:`catalog_properties`) and reconcile them."""
-    from spark_barrier.iceberg.catalog import load_catalog
+    from metaservice.catalog_loading import load_catalog
 
     catalog = load_catalog(catalog_properties(settings, catalog_uri, warehouse))
     db = Database(settings.db_url)

@@ -12,16 +12,6 @@ import typer
 from rich.markup import escape
 
 from metaservice import cli_output as fmt
-from metaservice.cli_output import (
-    DEFAULT_URL,
-    JsonFlag,
-    Output,
-    OutputOption,
-    Printer,
-    TokenOption,
-    UrlOption,
-)
-from metaservice.client import MetaServiceClient, MetaServiceError
 from metaservice.revisions.schemas import RevisionView
 
 app = typer.Typer(
@@ -29,10 +19,9 @@ app = typer.Typer(
     "tables written by revision jobs, and swap them in.",
     no_args_is_help=True,
 )
-_fail = fmt.fail
 
 
-def _show(out: Printer, view: RevisionView) -> None:
+def _show(out: fmt.Printer, view: RevisionView) -> None:
     out.line(
         f"revision [bold]{view.id}[/] of {escape(view.table)} from barrier {view.from_barrier} "
         f"({fmt.when(view.from_barrier)}): {view.state}"
@@ -68,23 +57,22 @@ def create(
     from_barrier: Annotated[
         int, fmt.barrier_option("--from-barrier", help="Revise from this barrier")
     ],
-    output: OutputOption = Output.table,
-    as_json: JsonFlag = False,
-    url: UrlOption = DEFAULT_URL,
-    token: TokenOption = None,
+    output: fmt.OutputOption = fmt.Output.table,
+    as_json: fmt.JsonFlag = False,
+    url: fmt.UrlOption = fmt.DEFAULT_URL,
+    token: fmt.TokenOption = None,
 ) -> None:
     """Plan a revision of TABLE and everything downstream of it (admin): a mirror table of
     each, starting at its snapshot at the barrier (no data is copied), and the jobs to
     re-run on them."""
-    out = Printer(output, json_flag=as_json)
-    try:
-        with MetaServiceClient(url, token=token) as ms:
-            view = ms.create_revision(table, from_barrier)
-    except MetaServiceError as exc:
-        raise _fail(str(exc)) from exc
-    if out.json:
-        return out.dump(view)
-    _show(out, view)
+    fmt.answer(
+        url,
+        token,
+        lambda ms: ms.create_revision(table, from_barrier),
+        _show,
+        output=output,
+        json_flag=as_json,
+    )
 
 
 @app.command("status")
@@ -92,27 +80,26 @@ def status(
     revision_id: Annotated[
         int | None, typer.Argument(help="The revision's id; left out: list every revision")
     ] = None,
-    output: OutputOption = Output.table,
-    as_json: JsonFlag = False,
-    url: UrlOption = DEFAULT_URL,
-    token: TokenOption = None,
+    output: fmt.OutputOption = fmt.Output.table,
+    as_json: fmt.JsonFlag = False,
+    url: fmt.UrlOption = fmt.DEFAULT_URL,
+    token: fmt.TokenOption = None,
 ) -> None:
     """A revision's state, its mirrors' start snapshots, frontiers and lag (or a list)."""
-    out = Printer(output, json_flag=as_json)
-    try:
-        with MetaServiceClient(url, token=token) as ms:
-            if revision_id is not None:
-                view = ms.get_revision(revision_id)
-            else:
-                items = ms.all_revisions()
-    except MetaServiceError as exc:
-        raise _fail(str(exc)) from exc
     if revision_id is not None:
-        if out.json:
-            return out.dump(view)
-        return _show(out, view)
-    if out.json:
-        return out.dump(items)
+        fmt.answer(
+            url,
+            token,
+            lambda ms: ms.get_revision(revision_id),
+            _show,
+            output=output,
+            json_flag=as_json,
+        )
+        return
+    fmt.answer(url, token, lambda ms: ms.all_revisions(), _list, output=output, json_flag=as_json)
+
+
+def _list(out: fmt.Printer, items: list[RevisionView]) -> None:
     now = fmt.now_ms()
     out.table(
         f"{len(items)} revisions",
@@ -138,23 +125,28 @@ def swap(
         float,
         typer.Option("--wait", min=0, max=300, help="Seconds to wait for the mirrors to catch up"),
     ] = 60,
-    output: OutputOption = Output.table,
-    as_json: JsonFlag = False,
-    url: UrlOption = DEFAULT_URL,
-    token: TokenOption = None,
+    output: fmt.OutputOption = fmt.Output.table,
+    as_json: fmt.JsonFlag = False,
+    url: fmt.UrlOption = fmt.DEFAULT_URL,
+    token: fmt.TokenOption = None,
 ) -> None:
     """Swap a ready revision's mirrors in for their originals (admin): the original jobs
     are superseded, and once the mirrors have caught up the tables change names in one
     step. Exit status 2 while it is still swapping (run it again to continue)."""
-    out = Printer(output, json_flag=as_json)
-    try:
-        with MetaServiceClient(url, token=token) as ms:
-            view = ms.swap_revision(revision_id, wait_seconds=wait)
-    except MetaServiceError as exc:
-        raise _fail(str(exc)) from exc
-    if out.json:
-        out.dump(view)
-    elif view.state == "swapped":
+    view = fmt.answer(
+        url,
+        token,
+        lambda ms: ms.swap_revision(revision_id, wait_seconds=wait),
+        _show_swap,
+        output=output,
+        json_flag=as_json,
+    )
+    if view.state != "swapped":
+        raise typer.Exit(code=2)
+
+
+def _show_swap(out: fmt.Printer, view: RevisionView) -> None:
+    if view.state == "swapped":
         out.line(
             f"revision [bold]{view.id}[/] swapped: "
             + ", ".join(f"{escape(m.table)} is the former {escape(m.mirror)}" for m in view.tables)
@@ -164,27 +156,23 @@ def swap(
             f"revision [bold]{view.id}[/] is still {view.state}: its original jobs are "
             "superseded and its mirrors are catching up; run this again to continue"
         )
-    if view.state != "swapped":
-        raise typer.Exit(code=2)
 
 
 @app.command("cancel")
 def cancel(
     revision_id: Annotated[int, typer.Argument(help="The revision's id")],
-    output: OutputOption = Output.table,
-    url: UrlOption = DEFAULT_URL,
-    token: TokenOption = None,
+    output: fmt.OutputOption = fmt.Output.table,
+    url: fmt.UrlOption = fmt.DEFAULT_URL,
+    token: fmt.TokenOption = None,
 ) -> None:
     """Cancel a revision (admin): its mirrors are dropped from the catalog, and no file is
     deleted (they are the originals'). Cancelling twice is fine."""
-    out = Printer(output)
-    try:
-        with MetaServiceClient(url, token=token) as ms:
-            view = ms.cancel_revision(revision_id)
-    except MetaServiceError as exc:
-        raise _fail(str(exc)) from exc
-    if out.json:
-        return out.dump(view)
+    fmt.answer(
+        url, token, lambda ms: ms.cancel_revision(revision_id), _show_cancelled, output=output
+    )
+
+
+def _show_cancelled(out: fmt.Printer, view: RevisionView) -> None:
     out.line(
         f"revision [bold]{view.id}[/] cancelled: {len(view.tables)} mirrors dropped "
         "(no file deleted)"

@@ -12,9 +12,10 @@ Creating a revision of ``table`` from ``from_barrier``:
 2. Make each mirror in the catalog (a metadata file and ``register_table``).
 3. Mark the revision ``planned``.
 
-When 2 or 3 fails, the mirrors made so far are dropped (``catalog_steps.UndoLog``) (with the metadata files written
-for them) and the record is deleted: nothing is left. Should that undo fail too, the
-record stays ``creating`` (its start snapshots stay kept) and ``DELETE`` finishes it.
+When 2 or 3 fails, the mirrors made so far are dropped (with the metadata files written
+for them) and the record is deleted (``catalog_steps.all_or_nothing``): nothing is left.
+Should that undo fail too, the record stays ``creating`` (its start snapshots stay kept)
+and ``DELETE`` finishes it.
 
 Cancelling drops the mirrors from the catalog (no data file is deleted: they are the
 original's) after marking the revision ``cancelled``. Cancelling a cancelled revision
@@ -34,11 +35,11 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session
 
-from metaservice.catalog_steps import UndoLog
+from metaservice.catalog_steps import UndoFailed, all_or_nothing
 from metaservice.context import Context
 from metaservice.db import Database
 from metaservice.errors import Conflict, ServiceError
-from metaservice.lifecycle.expiry import CatalogLoader, CatalogUnavailable, open_catalog
+from metaservice.lifecycle.catalog import CatalogLoader, first_line, open_catalog, unavailable
 from metaservice.revisions import service, swap
 from metaservice.revisions.schemas import MirrorView, RevisionRequest, RevisionView
 
@@ -92,13 +93,23 @@ def _make_mirrors(
         # the metadata file just written (still the mirror's only one) goes too
         iceberg.drop_mirror(catalog, m.mirror, planned.id, made_at=path)
 
-    undo = UndoLog()
     try:
-        for m in planned.tables:
-            undo.run(partial(make, m), partial(drop, m))
-        return db.write(lambda session: service.mark_planned(session, ctx, planned.id))
+        return all_or_nothing(
+            f"making the mirrors of revision {planned.id}",
+            [(partial(make, m), partial(drop, m)) for m in planned.tables],
+            finish=lambda: db.write(lambda session: service.mark_planned(session, ctx, planned.id)),
+            forget=lambda: db.write(lambda session: service.forget(session, planned.id)),
+        )
+    except UndoFailed as failed:
+        raise unavailable(
+            f"making the mirrors of revision {planned.id} (it failed: "
+            f"{first_line(failed.cause)}) and then undoing it",
+            failed.error,
+            f"The revision stays recorded as 'creating' and its start snapshots stay kept: "
+            f"DELETE /api/v1/revisions/{planned.id} (metaservice revision cancel "
+            f"{planned.id}) removes its mirrors",
+        ) from failed.error
     except Exception as exc:
-        _undo(db, planned, undo, exc)
         if isinstance(exc, ServiceError):
             raise
         if isinstance(exc, iceberg.OriginalMissing):
@@ -115,26 +126,8 @@ def _make_mirrors(
                 field="table",
                 code="mirror_exists",
             ) from exc
-        raise _unavailable(
+        raise unavailable(
             f"making the mirrors of revision {planned.id}", exc, "Nothing was changed"
-        ) from exc
-
-
-def _undo(db: Database, planned: RevisionView, undo: UndoLog, cause: Exception) -> None:
-    """Drop the mirrors this request made, then the record."""
-    log.warning("making the mirrors of revision %d failed (%s); undoing it", planned.id, cause)
-    try:
-        undo.undo_all()
-        db.write(lambda session: service.forget(session, planned.id))
-    except Exception as exc:
-        log.exception("undoing revision %d failed", planned.id)
-        raise _unavailable(
-            f"making the mirrors of revision {planned.id} (it failed: {_first_line(cause)}) "
-            "and then undoing it",
-            exc,
-            f"The revision stays recorded as 'creating' and its start snapshots stay kept: "
-            f"DELETE /api/v1/revisions/{planned.id} (metaservice revision cancel "
-            f"{planned.id}) removes its mirrors",
         ) from exc
 
 
@@ -156,7 +149,7 @@ def cancel_revision(
                 if iceberg.drop_mirror(catalog, m.mirror, revision_id):
                     log.info("revision %d: dropped mirror %s", revision_id, m.mirror)
         except Exception as exc:
-            raise _unavailable(
+            raise unavailable(
                 f"dropping the mirrors of revision {revision_id}",
                 exc,
                 "The revision is cancelled; DELETE it again to drop the mirrors left",
@@ -169,16 +162,3 @@ def cancel_revision(
 def _cancel(session: Session, ctx: Context, revision_id: int) -> RevisionView:
     swap.refuse_cancel_swapped(session, revision_id)  # 409 revision_swapped
     return service.mark_cancelled(session, ctx, revision_id)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:300] if text else ''}"
-
-
-def _unavailable(doing: str, exc: Exception, then: str) -> CatalogUnavailable:
-    log.warning("%s failed", doing, exc_info=exc)
-    return CatalogUnavailable(
-        f"{doing} failed: {_first_line(exc)}. {then}; try again once the catalog and its "
-        "storage are reachable"
-    )

@@ -4,7 +4,7 @@ A swapped-in table's history restarts at the revision's barrier: its snapshots a
 that are the revision job's, and its batch ids too. What a log service holds of the
 original (rows of batches the swap replaced, persisted marks of the old writer's batch
 ids) must not reach a reader again. So, once the swap has committed (which un-published
-those logs: ``service.finish_swap``), each log service that held the original or the
+those logs: ``swap_records.finish_swap``), each log service that held the original or the
 mirror (each of them, for a log spread over several) is told to reset the table with no
 batch kept (``POST /v1/tables/{t}/reset``
 ``{"after_batch_id": null}``): it drops every entry, forgets the persisted marks (the
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from metaservice.logstore import proof, wire
 from metaservice.logstore.client import LogApiError, LogWriter
 from metaservice.logstore.probe import signed_credential
-from metaservice.revisions.service import ReplacedLog
+from metaservice.revisions.swap_records import ReplacedLog
 
 log = logging.getLogger(__name__)
 

@@ -2,12 +2,12 @@
 
 ``swap_revision``:
 
-1. ``service.begin_swap``: 409 ``not_ready`` unless the revision is ready; from its commit
+1. ``swap_records.begin_swap``: 409 ``not_ready`` unless the revision is ready; from its commit
    on, the original writers are superseded (no new batch; their open batches' reports are
    still recorded).
 2. Wait until each mirror's frontier reaches its original's, which no longer moves once
    their open batches are reported (idle revision jobs are advanced meanwhile).
-3. ``service.finish_swap``: one transaction renames the tables' records (original ``t``
+3. ``swap_records.finish_swap``: one transaction renames the tables' records (original ``t``
    -> ``t__pre_rev<id>``, mirror ``t__rev<id>`` -> ``t``) and the catalog's side:
 
    - a pyiceberg SQL catalog in the MetaService's own database (the default) has its
@@ -49,9 +49,14 @@ from metaservice.catalog_steps import Step, StepBlocked, resume
 from metaservice.context import Context
 from metaservice.db import Database, normalise_url
 from metaservice.errors import Conflict, ServiceError
-from metaservice.lifecycle.catalog import CatalogLoader, CatalogUnavailable, open_catalog
+from metaservice.lifecycle.catalog import (
+    CatalogLoader,
+    CatalogUnavailable,
+    first_line,
+    open_catalog,
+)
 from metaservice.models.revisions import SWAPPED
-from metaservice.revisions import replaced_logs, service
+from metaservice.revisions import replaced_logs, service, swap_records
 from metaservice.revisions import repository as repo
 from metaservice.revisions import swap_repository as journal
 from metaservice.revisions.schemas import RevisionView
@@ -72,7 +77,7 @@ def catalog_in_database(settings: Settings) -> str | None:
     """The name of the jobs' catalog when it is a pyiceberg SQL catalog in the
     MetaService's own database (the default), whose tables a swap renames in its own
     transaction; None for any other catalog."""
-    from metaservice.lifecycle.iceberg import CATALOG_NAME, is_sql_catalog
+    from metaservice.catalog_loading import CATALOG_NAME, is_sql_catalog
     from metaservice.reconcile.iceberg import catalog_properties
 
     properties = catalog_properties(settings)
@@ -106,8 +111,8 @@ def swap_revision(
     from metaservice.lifecycle.iceberg import close_catalog
 
     try:
-        started = db.write(lambda session: service.begin_swap(session, ctx, revision_id))
-        logs: list[service.ReplacedLog] = []
+        started = db.write(lambda session: swap_records.begin_swap(session, ctx, revision_id))
+        logs: list[swap_records.ReplacedLog] = []
         if started.state != SWAPPED:
             if catalog is not None:
                 _check_catalog_or_unavailable(catalog, started)
@@ -130,11 +135,11 @@ def swap_revision(
 
 def _swap_records(
     db: Database, ctx: Context, revision_id: int, wait_seconds: float, in_catalog: str | None
-) -> service.Swapped | None:
+) -> swap_records.Swapped | None:
     """Steps 2 and 3: the swapped revision, or None when the mirrors have not reached the
     frozen originals within ``wait_seconds``."""
 
-    def catalog_side(session: Session, renames: list[service.Renamed]) -> None:
+    def catalog_side(session: Session, renames: list[swap_records.Renamed]) -> None:
         if in_catalog is not None:
             rename_in_database_catalog(session, in_catalog, renames)
         else:
@@ -142,9 +147,9 @@ def _swap_records(
 
     deadline = time.monotonic() + wait_seconds
     while True:
-        db.write(lambda session: service.advance_revision_jobs(session, ctx, revision_id))
+        db.write(lambda session: swap_records.advance_revision_jobs(session, ctx, revision_id))
         done = db.write(
-            lambda session: service.finish_swap(
+            lambda session: swap_records.finish_swap(
                 session, ctx, revision_id, catalog_side=catalog_side
             )
         )
@@ -162,7 +167,7 @@ def _split(identifier: str) -> tuple[str, str]:
 
 
 def rename_in_database_catalog(
-    session: Session, catalog: str, renames: list[service.Renamed]
+    session: Session, catalog: str, renames: list[swap_records.Renamed]
 ) -> None:
     """Rename the tables of the SQL catalog ``catalog`` in this database, in this
     transaction; 409 ``not_in_catalog`` (rolling it back) when one is missing."""
@@ -182,7 +187,7 @@ def rename_in_database_catalog(
 # -- a catalog outside it: the journal ---------------------------------------------------------
 
 
-def journal_of(renames: list[service.Renamed]) -> list[Journaled]:
+def journal_of(renames: list[swap_records.Renamed]) -> list[Journaled]:
     """The catalog's renames in order: every original away first, so that no name ever
     holds two tables, then every mirror to its original's name."""
     away = [(r.table, r.pre, MOVES_ORIGINAL) for r in renames]
@@ -202,7 +207,7 @@ def _check_catalog_or_unavailable(catalog: Catalog, revision: RevisionView) -> N
         log.warning("looking up the tables of revision %d failed", revision.id, exc_info=exc)
         raise CatalogUnavailable(
             f"looking up the tables of revision {revision.id} in the catalog failed: "
-            f"{_first_line(exc)}. Nothing was swapped yet (the original writers stay "
+            f"{first_line(exc)}. Nothing was swapped yet (the original writers stay "
             f"stopped); POST /api/v1/revisions/{revision.id}/swap again once the catalog is "
             "reachable"
         ) from exc
@@ -215,7 +220,7 @@ def _check_catalog(catalog: Catalog, revision: RevisionView) -> None:
     from metaservice.lifecycle.iceberg import load_table
 
     for m in revision.tables:
-        pre = service.pre_revision_name(m.table, revision.id)
+        pre = swap_records.pre_revision_name(m.table, revision.id)
         original, mirror = load_table(catalog, m.table), load_table(catalog, m.mirror)
         if original is None or _is_mirror(original, revision.id) or mirror is None:
             missing = m.mirror if original is not None and mirror is None else m.table
@@ -268,7 +273,7 @@ def finish_steps(db: Database, ctx: Context, catalog: Catalog, revision_id: int)
         log.warning("renaming the tables of revision %d failed", revision_id, exc_info=exc)
         raise CatalogUnavailable(
             f"renaming the tables of revision {revision_id} in the catalog failed: "
-            f"{_first_line(exc)}. The MetaService has swapped them; POST /api/v1/revisions/"
+            f"{first_line(exc)}. The MetaService has swapped them; POST /api/v1/revisions/"
             f"{revision_id}/swap again (metaservice revision swap {revision_id}) finishes "
             f"the same renames once the catalog is reachable; {_left(db, revision_id)}"
         ) from exc
@@ -318,11 +323,6 @@ def _is_mirror(table: Table, revision_id: int) -> bool:
     from metaservice.revisions.iceberg import REVISION_PROPERTY
 
     return table.metadata.properties.get(REVISION_PROPERTY) == str(revision_id)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:300] if text else ''}"
 
 
 # -- what the swap's tables refuse until it is done ----------------------------------------------

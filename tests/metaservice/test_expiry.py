@@ -42,6 +42,7 @@ from pyiceberg.table.update import RemoveSnapshotsUpdate
 from sqlalchemy import create_engine, text
 from typer.testing import CliRunner
 
+from metaservice.catalog_loading import open_catalog
 from metaservice.cli import app as cli_app
 from metaservice.client import InvalidRequest, MetaServiceClient
 from metaservice.clock import ManualClock
@@ -53,7 +54,7 @@ from metaservice.lifecycle.expiry import CatalogUnavailable, expire_table
 from metaservice.lifecycle.schemas import ExpiryResult
 from metaservice.settings import Settings
 from metaservice.versions import service as versions
-from spark_barrier.iceberg.catalog import ensure_table, open_catalog
+from spark_barrier.iceberg.catalog import ensure_table
 from tests.faults.processes import ServiceProcess
 from tests.metaservice.helpers import (
     API,

@@ -28,10 +28,10 @@ from typer.testing import CliRunner
 
 from metaservice.app import create_app
 from metaservice.auth.schemas import Role
+from metaservice.catalog_loading import open_catalog
 from metaservice.cli import app as cli_app
 from metaservice.clock import ManualClock
 from metaservice.settings import Settings
-from spark_barrier.iceberg.catalog import open_catalog
 from tests.metaservice.helpers import API, SLOT, barrier, commit, put_job
 from tests.metaservice.live_server import LiveServer
 from tests.metaservice.test_auth import issue

@@ -1,4 +1,5 @@
-"""No import circles in ``metaservice`` and ``spark_barrier``.
+"""No import circles in ``metaservice`` and ``spark_barrier``, and dependencies one way:
+``spark_barrier`` imports ``metaservice`` (client, contract, catalog loading), never back.
 
 The graph is read from the source files' AST, not by importing them: an edge for each
 import a module runs when it is loaded (its top-level statements, including those inside
@@ -135,3 +136,47 @@ def test_a_circle_of_top_level_imports_is_found_and_named(tmp_path: Path) -> Non
     named = cycles[frozenset({"pkg.a", "pkg.b", "pkg.c"})].split(" -> ")
     assert len(named) == 4 and named[0] == named[-1]
     assert set(named) == {"pkg.a", "pkg.b", "pkg.c"}
+
+
+# -- one way: the service never imports the Spark side ------------------------------------
+
+
+def imports_of(root: Path, package: str, target: str) -> list[str]:
+    """``module:line`` of every import of ``target`` (or a module in it) anywhere in
+    ``package``: at load time, inside functions and under ``TYPE_CHECKING`` alike."""
+    found = []
+    for name, (path, is_package) in modules_of(root, (package,)).items():
+        base = name if is_package else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+                if node.level:
+                    parts = base.split(".")
+                    names = [".".join(parts[: len(parts) - (node.level - 1)])]
+            else:
+                continue
+            if any(n == target or n.startswith(target + ".") for n in names):
+                found.append(f"{name}:{node.lineno}")
+    return sorted(found)
+
+
+def test_metaservice_never_imports_spark_barrier() -> None:
+    # Catalogs are loaded by metaservice.catalog_loading, which both sides import.
+    assert imports_of(ROOT, "metaservice", "spark_barrier") == []
+
+
+def test_an_import_of_the_other_package_is_found_wherever_it_is(tmp_path: Path) -> None:
+    files = {
+        "svc/__init__.py": "",
+        "svc/top.py": "import other.a\n",
+        "svc/late.py": "def f():\n    from other.b import g\n",
+        "svc/typed.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import other\n",
+        "svc/fine.py": "import otherwise\nfrom . import top\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+
+    assert imports_of(tmp_path, "svc", "other") == ["svc.late:2", "svc.top:1", "svc.typed:3"]

@@ -49,9 +49,11 @@ sys.meta_path.insert(0, NotInstalled())
 """
 
 # metaservice modules the client side may load: the package roots (docstrings only),
-# the client, the contract, the clock, the settings object and the wire schemas.
+# the client, the contract, the catalog loading (pyiceberg's, which a Spark driver and
+# the service share), the clock, the settings object and the wire schemas.
 CLIENT_SIDE = {
     "metaservice",
+    "metaservice.catalog_loading",
     "metaservice.client",
     "metaservice.clock",
     "metaservice.contract",
@@ -114,6 +116,25 @@ def test_contract_imports_nothing_but_the_standard_library(tmp_path: Path) -> No
         tmp_path,
     )
     assert json_of(done) == ["metaservice"]
+
+
+def test_catalog_loading_imports_neither_pyspark_nor_the_server(tmp_path: Path) -> None:
+    pytest.importorskip("pyiceberg")
+    # sqlalchemy stays importable: pyiceberg's SQL catalog uses it.
+    blocked = (*(m for m in SERVER if m != "sqlalchemy"), "py4j", "pyspark")
+    done = run_blocked(
+        """
+        import json
+        import metaservice.catalog_loading
+        print(json.dumps({
+            "server_code": server_code(),
+            "spark": sorted(m for m in sys.modules if m.startswith(("spark_barrier", "pyspark"))),
+        }))
+        """,
+        blocked,
+        tmp_path,
+    )
+    assert json_of(done) == {"server_code": [], "spark": []}
 
 
 # -- the client -----------------------------------------------------------------------

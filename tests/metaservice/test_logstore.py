@@ -33,6 +33,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
 from metaservice.app import create_app
+from metaservice.catalog_loading import open_catalog
 from metaservice.client import MetaServiceClient
 from metaservice.clock import ManualClock
 from metaservice.contract import encode_stamp
@@ -43,7 +44,7 @@ from metaservice.logstore.ipc import encode
 from metaservice.logstore.server import LogService, status_json
 from metaservice.logstore.store import EpochChanged, LogFull, LogGone, LogStore, TableLog
 from metaservice.settings import Settings
-from spark_barrier.iceberg.catalog import ensure_table, open_catalog
+from spark_barrier.iceberg.catalog import ensure_table
 from spark_barrier.log import JobLog
 from tests.faults.processes import free_port
 from tests.metaservice.helpers import API, T0, assert_error, put_job, unchanged

@@ -29,6 +29,7 @@ pytest.importorskip("pyiceberg")
 from metaservice.app import create_app
 from metaservice.auth import service as auth_service
 from metaservice.auth.schemas import Role
+from metaservice.catalog_loading import open_catalog
 from metaservice.cli import app as cli_app
 from metaservice.client import MetaServiceClient
 from metaservice.clock import ManualClock
@@ -39,7 +40,7 @@ from metaservice.logstore.server import LogService
 from metaservice.logstore.store import LogStore
 from metaservice.migrate import upgrade
 from metaservice.settings import Settings
-from spark_barrier.iceberg.catalog import ensure_table, open_catalog
+from spark_barrier.iceberg.catalog import ensure_table
 from spark_barrier.log import JobLog
 from tests.metaservice.helpers import API, T0
 from tests.metaservice.live_server import LiveServer
@@ -471,7 +472,7 @@ def test_a_revision_swap_resets_a_log_service_that_checks_tokens(
 ) -> None:
     from metaservice.auth.log_services import log_service_check
     from metaservice.revisions.replaced_logs import drop_replaced
-    from metaservice.revisions.service import ReplacedLog
+    from metaservice.revisions.swap_records import ReplacedLog
 
     writer = LogWriter(checked_log.url, token=secured.tokens[Role.WRITER])
     writer.reset(TABLE, after_batch_id=-1, job="load")

@@ -26,6 +26,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
 from metaservice.app import create_app
+from metaservice.catalog_loading import open_catalog
 from metaservice.client import MetaServiceClient
 from metaservice.clock import ManualClock
 from metaservice.contract import encode_log_files, encode_stamp, parse_log_files
@@ -35,10 +36,10 @@ from metaservice.logstore.routing import NotRoutable, Routing, check_routable
 from metaservice.logstore.server import LogService
 from metaservice.logstore.store import LogStore
 from metaservice.revisions.replaced_logs import drop_replaced
-from metaservice.revisions.service import ReplacedLog
+from metaservice.revisions.swap_records import ReplacedLog
 from metaservice.settings import Settings
 from metaservice.topology.schemas import TableLogStatus
-from spark_barrier.iceberg.catalog import ensure_table, open_catalog
+from spark_barrier.iceberg.catalog import ensure_table
 from spark_barrier.job import BarrierConfigError
 from spark_barrier.log import JobLog
 from tests.faults.processes import free_port

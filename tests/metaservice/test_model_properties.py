@@ -41,6 +41,7 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine, create_engine, inspect, text
 
 from metaservice.app import create_app
+from metaservice.catalog_loading import open_catalog
 from metaservice.clock import ManualClock
 from metaservice.contract import encode_stamp
 from metaservice.db import normalise_url
@@ -49,7 +50,6 @@ from metaservice.migrate import upgrade
 from metaservice.reconcile.schemas import Stamp
 from metaservice.reconcile.service import reconcile as reconcile_stamps
 from metaservice.settings import Settings
-from spark_barrier.iceberg.catalog import open_catalog
 from tests.conftest import START_MS, _with_search_path, pg_base_url
 from tests.metaservice.simulation import (
     ALL_CHECKS,

@@ -27,6 +27,7 @@ from sqlalchemy import create_engine, text
 from typer.testing import CliRunner
 
 from metaservice.app import create_app
+from metaservice.catalog_loading import open_catalog
 from metaservice.cli import app as cli_app
 from metaservice.clock import ManualClock
 from metaservice.context import Context
@@ -36,7 +37,7 @@ from metaservice.reconcile import service
 from metaservice.reconcile.iceberg import reconcile_catalog
 from metaservice.reconcile.schemas import ReconcileReport, Stamp
 from metaservice.settings import Settings
-from spark_barrier.iceberg.catalog import ensure_table, open_catalog
+from spark_barrier.iceberg.catalog import ensure_table
 from spark_barrier.iceberg.stamps import SUMMARY_BARRIER, SUMMARY_BATCH, SUMMARY_JOB
 from tests.metaservice.helpers import (
     SLOT,

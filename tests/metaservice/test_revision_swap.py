@@ -19,11 +19,11 @@ pytest.importorskip("pyiceberg")
 
 from fastapi.testclient import TestClient
 
+from metaservice.catalog_loading import open_catalog, sql_catalog_properties
 from metaservice.clock import ManualClock
 from metaservice.contract import encode_stamp
 from metaservice.revisions import swap as swap_module
 from metaservice.settings import Settings
-from spark_barrier.iceberg.catalog import open_catalog, sql_catalog_properties
 from tests.metaservice import test_expiry
 from tests.metaservice.helpers import (
     API,

@@ -26,12 +26,12 @@ from fastapi.testclient import TestClient
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 
+from metaservice.catalog_loading import open_catalog, sql_catalog_properties
 from metaservice.clock import ManualClock
 from metaservice.lifecycle.expiry import CatalogUnavailable
 from metaservice.lifecycle.iceberg import CATALOG_NAME
 from metaservice.revisions import swap as swap_module
 from metaservice.settings import Settings
-from spark_barrier.iceberg.catalog import open_catalog, sql_catalog_properties
 from tests.metaservice.helpers import API, consistent, custom_client, get_json
 from tests.metaservice.test_expiry import Lake, lake_for, local, reachable, services
 from tests.metaservice.test_revision_swap import catch_up, ready_revision_with_history

@@ -26,6 +26,7 @@ from pyiceberg.table import Table
 from sqlalchemy import create_engine, text
 from typer.testing import CliRunner
 
+from metaservice.catalog_loading import open_catalog
 from metaservice.cli import app as cli_app
 from metaservice.client import ConflictError, MetaServiceClient, NotFoundError
 from metaservice.clock import ManualClock
@@ -36,7 +37,6 @@ from metaservice.revisions import mirrors
 from metaservice.revisions import service as revisions
 from metaservice.revisions.schemas import RevisionRequest
 from metaservice.settings import Settings
-from spark_barrier.iceberg.catalog import open_catalog
 from tests.faults.processes import ServiceProcess
 from tests.metaservice import test_expiry
 from tests.metaservice.helpers import (

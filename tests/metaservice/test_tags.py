@@ -26,6 +26,7 @@ from sqlalchemy import create_engine, text
 from typer.testing import CliRunner
 
 from metaservice.auth.schemas import Role
+from metaservice.catalog_loading import open_catalog
 from metaservice.cli import app as cli_app
 from metaservice.client import ConflictError, MetaServiceClient, NotFoundError
 from metaservice.clock import ManualClock
@@ -35,7 +36,6 @@ from metaservice.lifecycle.expiry import CatalogUnavailable, expire_table
 from metaservice.settings import Settings
 from metaservice.versions.tags import publish
 from metaservice.versions.tags.schemas import TagRequest
-from spark_barrier.iceberg.catalog import open_catalog
 from tests.faults.processes import ServiceProcess
 from tests.metaservice import test_expiry
 from tests.metaservice.helpers import (

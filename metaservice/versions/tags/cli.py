@@ -13,16 +13,7 @@ import typer
 from rich.markup import escape
 
 from metaservice import cli_output as fmt
-from metaservice.cli_output import (
-    DEFAULT_URL,
-    JsonFlag,
-    Output,
-    OutputOption,
-    Printer,
-    TokenOption,
-    UrlOption,
-)
-from metaservice.client import MetaServiceClient, MetaServiceError
+from metaservice.versions.tags.schemas import TagView
 
 
 def _retain_seconds(text: str) -> int:
@@ -51,21 +42,24 @@ def tag(
             show_default=False,
         ),
     ] = None,
-    output: OutputOption = Output.table,
-    as_json: JsonFlag = False,
-    url: UrlOption = DEFAULT_URL,
-    token: TokenOption = None,
+    output: fmt.OutputOption = fmt.Output.table,
+    as_json: fmt.JsonFlag = False,
+    url: fmt.UrlOption = fmt.DEFAULT_URL,
+    token: fmt.TokenOption = None,
 ) -> None:
     """Publish the tables' consistent version as Iceberg tag NAME in each of them (admin):
     any Iceberg engine then reads the version by name, and expiry keeps it."""
-    out = Printer(output, json_flag=as_json)
-    try:
-        with MetaServiceClient(url, token=token) as ms:
-            view = ms.create_tag(name, tables, at_or_before=at_or_before, retain_seconds=retain)
-    except MetaServiceError as exc:
-        raise fmt.fail(str(exc)) from exc
-    if out.json:
-        return out.dump(view)
+    fmt.answer(
+        url,
+        token,
+        lambda ms: ms.create_tag(name, tables, at_or_before=at_or_before, retain_seconds=retain),
+        _show_tag,
+        output=output,
+        json_flag=as_json,
+    )
+
+
+def _show_tag(out: fmt.Printer, view: TagView) -> None:
     out.line(
         f"tag [bold]{escape(view.name)}[/]: barrier {view.barrier} ({fmt.when(view.barrier)}), "
         f"ends {fmt.when(view.expires_ms)}"
@@ -79,20 +73,18 @@ def tags(
     table: Annotated[
         str | None, typer.Option("--table", help="Only the tags of this table")
     ] = None,
-    output: OutputOption = Output.table,
-    as_json: JsonFlag = False,
-    url: UrlOption = DEFAULT_URL,
-    token: TokenOption = None,
+    output: fmt.OutputOption = fmt.Output.table,
+    as_json: fmt.JsonFlag = False,
+    url: fmt.UrlOption = fmt.DEFAULT_URL,
+    token: fmt.TokenOption = None,
 ) -> None:
     """List the tags that have not ended."""
-    out = Printer(output, json_flag=as_json)
-    try:
-        with MetaServiceClient(url, token=token) as ms:
-            items = ms.all_tags(table=table)
-    except MetaServiceError as exc:
-        raise fmt.fail(str(exc)) from exc
-    if out.json:
-        return out.dump(items)
+    fmt.answer(
+        url, token, lambda ms: ms.all_tags(table=table), _list, output=output, json_flag=as_json
+    )
+
+
+def _list(out: fmt.Printer, items: list[TagView]) -> None:
     now = fmt.now_ms()
     out.table(
         f"{len(items)} tags",
@@ -116,19 +108,15 @@ def tags(
 
 def untag(
     name: Annotated[str, typer.Argument(help="The tag's name")],
-    output: OutputOption = Output.table,
-    url: UrlOption = DEFAULT_URL,
-    token: TokenOption = None,
+    output: fmt.OutputOption = fmt.Output.table,
+    url: fmt.UrlOption = fmt.DEFAULT_URL,
+    token: fmt.TokenOption = None,
 ) -> None:
     """Remove tag NAME (admin): its Iceberg tags in every table, and its record."""
-    out = Printer(output)
-    try:
-        with MetaServiceClient(url, token=token) as ms:
-            view = ms.delete_tag(name)
-    except MetaServiceError as exc:
-        raise fmt.fail(str(exc)) from exc
-    if out.json:
-        return out.dump(view)
+    fmt.answer(url, token, lambda ms: ms.delete_tag(name), _show_removed, output=output)
+
+
+def _show_removed(out: fmt.Printer, view: TagView) -> None:
     out.line(
         f"tag [bold]{escape(view.name)}[/] removed from {len(view.snapshots)} tables "
         f"(barrier {view.barrier})"

@@ -12,8 +12,8 @@ Creating ``name`` on ``tables``:
 2. Tag each table's snapshot in Iceberg (with a max-ref-age when retained).
 3. Mark the tag ``published``.
 
-When 2 or 3 fails, the Iceberg tags made so far are removed and the record dropped: no
-half-published tag is left. Should that undo fail too, the record stays ``creating``
+When 2 or 3 fails, the Iceberg tags made so far are removed and the record dropped
+(``catalog_steps.all_or_nothing``): no half-published tag is left. Should that undo fail too, the record stays ``creating``
 (its snapshots stay kept) and ``DELETE`` finishes it.
 
 Removing a tag removes its Iceberg tags first, then the record: a failure in between
@@ -35,10 +35,11 @@ import functools
 import logging
 from typing import TYPE_CHECKING
 
+from metaservice.catalog_steps import UndoFailed, all_or_nothing
 from metaservice.context import Context
 from metaservice.db import Database
 from metaservice.errors import Conflict, ServiceError
-from metaservice.lifecycle.catalog import CatalogLoader, CatalogUnavailable, open_catalog
+from metaservice.lifecycle.catalog import CatalogLoader, first_line, open_catalog, unavailable
 from metaservice.models import VersionTag
 from metaservice.versions import service as versions
 from metaservice.versions.tags import service
@@ -94,18 +95,40 @@ def _record(
 def _publish(db: Database, catalog: Catalog, tag_id: int, tag: TagView) -> TagView:
     from metaservice.versions.tags import iceberg
 
-    made: dict[str, int] = {}
+    def make(table: str, snapshot: int) -> None:
+        # Found there already (a retry of a commit that landed): ours too, since the
+        # name was checked free in every table before the record took it.
+        iceberg.create_tag(catalog, table, tag.name, snapshot, tag.expires_ms, tag.created_ms)
+
+    def remove(table: str, snapshot: int, _: None) -> None:
+        iceberg.remove_tag(catalog, table, tag.name, snapshot)
+
+    key = TagKey(tag_id, tag.created_ms, tag.expires_ms)
     try:
-        for table, snapshot in sorted(tag.snapshots.items()):
-            if snapshot is None:
-                continue  # empty at the barrier: nothing to point at
-            # Found there already (a retry of a commit that landed): ours too, since the
-            # name was checked free in every table before the record took it.
-            iceberg.create_tag(catalog, table, tag.name, snapshot, tag.expires_ms, tag.created_ms)
-            made[table] = snapshot
-        return db.write(lambda session: service.mark_published(session, tag.name, tag_id))
+        return all_or_nothing(
+            f"publishing tag {tag.name}",
+            [
+                (
+                    functools.partial(make, table, snapshot),
+                    functools.partial(remove, table, snapshot),
+                )
+                for table, snapshot in sorted(tag.snapshots.items())
+                if snapshot is not None  # empty at the barrier: nothing to point at
+            ],
+            finish=lambda: db.write(
+                lambda session: service.mark_published(session, tag.name, tag_id)
+            ),
+            forget=lambda: db.write(lambda session: service.forget(session, key)),
+        )
+    except UndoFailed as failed:
+        raise unavailable(
+            f"publishing tag '{tag.name}' (it failed: {first_line(failed.cause)}) and then "
+            "undoing it",
+            failed.error,
+            f"The tag stays recorded as 'creating' and its snapshots stay kept: DELETE "
+            f"/api/v1/versions/tags/{tag.name} (metaservice untag {tag.name}) removes it",
+        ) from failed.error
     except Exception as exc:
-        _undo(db, catalog, tag_id, tag, made, exc)
         if isinstance(exc, ServiceError):
             raise
         if isinstance(exc, iceberg.RefTaken):
@@ -118,34 +141,7 @@ def _publish(db: Database, catalog: Catalog, tag_id: int, tag: TagView) -> TagVi
                 field="tables",
                 code="not_in_catalog",
             ) from exc
-        raise _unavailable(f"publishing tag '{tag.name}'", exc, "Nothing was published") from exc
-
-
-def _undo(
-    db: Database,
-    catalog: Catalog,
-    tag_id: int,
-    tag: TagView,
-    made: dict[str, int],
-    cause: Exception,
-) -> None:
-    """Remove the Iceberg tags this request made, then the record."""
-    from metaservice.versions.tags import iceberg
-
-    log.warning("publishing tag %s failed (%s); undoing it", tag.name, cause)
-    try:
-        for table, snapshot in sorted(made.items()):
-            iceberg.remove_tag(catalog, table, tag.name, snapshot)
-        key = TagKey(tag_id, tag.created_ms, tag.expires_ms)
-        db.write(lambda session: service.forget(session, key))
-    except Exception as exc:
-        log.exception("undoing tag %s failed", tag.name)
-        raise _unavailable(
-            f"publishing tag '{tag.name}' (it failed: {_first_line(cause)}) and then undoing it",
-            exc,
-            f"The tag stays recorded as 'creating' and its snapshots stay kept: DELETE "
-            f"/api/v1/versions/tags/{tag.name} (metaservice untag {tag.name}) removes it",
-        ) from exc
+        raise unavailable(f"publishing tag '{tag.name}'", exc, "Nothing was published") from exc
 
 
 def delete_tag(
@@ -179,7 +175,7 @@ def _drop(db: Database, ctx: Context, catalog: Catalog, key: TagKey, tag: TagVie
             if snapshot is not None:
                 _remove_ref(db, ctx, catalog, key, tag.name, table, snapshot)
     except Exception as exc:
-        raise _unavailable(
+        raise unavailable(
             f"removing the Iceberg tags of '{tag.name}'",
             exc,
             "The tag stays recorded (its snapshots stay kept); remove it again",
@@ -236,7 +232,7 @@ def _refuse_taken(catalog: Catalog, name: str, tables: list[str], ended: TagView
         try:
             found = load_table(catalog, table)
         except Exception as exc:
-            raise _unavailable(
+            raise unavailable(
                 f"loading '{table}' from the catalog", exc, "Nothing was changed"
             ) from exc
         ref = None if found is None else iceberg.ref_named(found, name)
@@ -253,17 +249,4 @@ def _taken(exc: Exception) -> Conflict:
         "another name (or remove that ref). Nothing was changed",
         field="name",
         code="tag_exists",
-    )
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:300] if text else ''}"
-
-
-def _unavailable(doing: str, exc: Exception, then: str) -> CatalogUnavailable:
-    log.warning("%s failed", doing, exc_info=exc)
-    return CatalogUnavailable(
-        f"{doing} failed: {_first_line(exc)}. {then}; try again once the catalog and its "
-        "storage are reachable"
     )
