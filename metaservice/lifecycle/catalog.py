@@ -8,8 +8,9 @@ expiry uses the tags' clean-up, and the tags only need a catalog.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from metaservice.errors import ServiceError
@@ -52,6 +53,24 @@ def open_catalog(
             "METASERVICE_CATALOG_PROPERTIES, else a SQL catalog in METASERVICE_DB_URL with "
             "tables under METASERVICE_WAREHOUSE"
         ) from exc
+
+
+@contextlib.contextmanager
+def opened_catalog(
+    settings: Settings, load_catalog: CatalogLoader | None = None, doing: str = "this"
+) -> Iterator[Catalog]:
+    """:func:`open_catalog`, closed (its database connections released) on the way out::
+
+    with opened_catalog(ctx.settings, load_catalog, "publishing a tag") as catalog:
+        ...
+    """
+    catalog = open_catalog(settings, load_catalog, doing)
+    from metaservice.lifecycle.iceberg import close_catalog
+
+    try:
+        yield catalog
+    finally:
+        close_catalog(catalog)
 
 
 def first_line(exc: BaseException, limit: int = 300) -> str:

@@ -39,7 +39,7 @@ from metaservice.catalog_steps import UndoFailed, all_or_nothing
 from metaservice.context import Context
 from metaservice.db import Database
 from metaservice.errors import Conflict, ServiceError
-from metaservice.lifecycle.catalog import CatalogLoader, first_line, open_catalog, unavailable
+from metaservice.lifecycle.catalog import CatalogLoader, first_line, opened_catalog, unavailable
 from metaservice.revisions import service, swap
 from metaservice.revisions.schemas import MirrorView, RevisionRequest, RevisionView
 
@@ -58,14 +58,9 @@ def create_revision(
     print(revision.id, [(m.table, m.mirror, m.start_snapshot) for m in revision.tables])
     """
     db.read(lambda session: service.precheck(session, ctx, body.table, body.from_barrier))
-    catalog = open_catalog(ctx.settings, load_catalog, "creating a revision")
-    from metaservice.lifecycle.iceberg import close_catalog
-
-    try:
+    with opened_catalog(ctx.settings, load_catalog, "creating a revision") as catalog:
         planned = db.write(lambda session: _record(session, ctx, body))
         return _make_mirrors(db, ctx, catalog, planned)
-    finally:
-        close_catalog(catalog)
 
 
 def _record(session: Session, ctx: Context, body: RevisionRequest) -> RevisionView:
@@ -138,11 +133,9 @@ def cancel_revision(
     file; returns it. Idempotent: a cancelled revision is answered again (and any mirror
     a failed cancel left is dropped)."""
     db.read(lambda session: service.get_revision(session, ctx, revision_id))  # 404 first
-    catalog = open_catalog(ctx.settings, load_catalog, "cancelling a revision")
-    from metaservice.lifecycle.iceberg import close_catalog
-    from metaservice.revisions import iceberg
+    with opened_catalog(ctx.settings, load_catalog, "cancelling a revision") as catalog:
+        from metaservice.revisions import iceberg
 
-    try:
         cancelled = db.write(lambda session: _cancel(session, ctx, revision_id))
         try:
             for m in cancelled.tables:
@@ -155,8 +148,6 @@ def cancel_revision(
                 "The revision is cancelled; DELETE it again to drop the mirrors left",
             ) from exc
         return cancelled
-    finally:
-        close_catalog(catalog)
 
 
 def _cancel(session: Session, ctx: Context, revision_id: int) -> RevisionView:

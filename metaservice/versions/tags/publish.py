@@ -39,7 +39,7 @@ from metaservice.catalog_steps import UndoFailed, all_or_nothing
 from metaservice.context import Context
 from metaservice.db import Database
 from metaservice.errors import Conflict, ServiceError
-from metaservice.lifecycle.catalog import CatalogLoader, first_line, open_catalog, unavailable
+from metaservice.lifecycle.catalog import CatalogLoader, first_line, opened_catalog, unavailable
 from metaservice.models import VersionTag
 from metaservice.versions import service as versions
 from metaservice.versions.tags import service
@@ -65,10 +65,7 @@ def create_tag(
     name = service.check_tag_name(body.name)
     tables = versions.parse_tables(ctx, body.tables)
     ended = db.read(lambda session: service.precheck(session, ctx, name, tables))
-    catalog = open_catalog(ctx.settings, load_catalog, "publishing a tag")
-    from metaservice.lifecycle.iceberg import close_catalog
-
-    try:
+    with opened_catalog(ctx.settings, load_catalog, "publishing a tag") as catalog:
         ended_view = (
             None if ended is None else db.read(lambda session: service.view(session, ended))
         )
@@ -77,8 +74,6 @@ def create_tag(
             _drop(db, ctx, catalog, service.key_of(ended), ended_view)
         tag_id, created = db.write(lambda session: _record(session, ctx, name, tables, body))
         return _publish(db, catalog, tag_id, created)
-    finally:
-        close_catalog(catalog)
 
 
 def _record(
@@ -152,13 +147,8 @@ def delete_tag(
     if all(snapshot is None for snapshot in tag.snapshots.values()):
         db.write(lambda session: service.forget(session, key))
         return tag
-    catalog = open_catalog(ctx.settings, load_catalog, "removing a tag")
-    from metaservice.lifecycle.iceberg import close_catalog
-
-    try:
+    with opened_catalog(ctx.settings, load_catalog, "removing a tag") as catalog:
         _drop(db, ctx, catalog, key, tag)
-    finally:
-        close_catalog(catalog)
     return tag
 
 
