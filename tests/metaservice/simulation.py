@@ -2729,9 +2729,7 @@ def step_strategy(topology: Topology, kind: str) -> st.SearchStrategy[Step]:
                 ["same", "kind", "add_input", "drop_input", "add_output", "drop_output"]
             ),
         )
-    if kind == "replace":
-        # Source writers only: a derived job's table taken by a new derived writer
-        # answers 409 where it answered a version (N2 in the notes; "replace_derived").
+    if kind == "replace":  # source writers ("replace_derived": derived ones)
         return st.builds(Replace, sources, st.booleans())
     if kind == "replace_derived":
         return st.builds(Replace, derived, st.booleans())

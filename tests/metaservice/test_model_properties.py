@@ -1241,6 +1241,7 @@ STATE_CHANGE_WEIGHTS = {
     "change_inputs": 2,
     "rejoin": 2,
     "replace": 1,
+    "replace_derived": 1,
 }
 
 # s13_out's sibling: an output is added while a batch is open, and a report of that
@@ -1571,17 +1572,8 @@ def test_expiry_tags_and_retention_keep_every_answer(backend: str, scenario: Sce
 
 # Each state change's own scenario (above), once per database: the operation that finds
 # the fault it is named after (they failed on the code before the fixes).
-# A new derived writer takes a deleted derived job's table: the versions handed out for
-# it must be answered again; the service answers 409 no_consistent_version.
-N2 = "a derived table taken by a new derived writer answers 409 where it answered a version"
-
 STATE_CHANGE_SCENARIOS = [
-    pytest.param(
-        REPLACED_WRITER_UNDER_A_LEASE,
-        False,
-        id="replaced_writer_under_a_lease",
-        marks=pytest.mark.xfail(strict=True, reason=N2),
-    ),
+    pytest.param(REPLACED_WRITER_UNDER_A_LEASE, False, id="replaced_writer_under_a_lease"),
     pytest.param(OUTPUT_ADDED_MID_BATCH, False, id="output_added_mid_batch"),
     pytest.param(OUTPUT_MOVED, False, id="output_moved"),
     pytest.param(INPUTS_CHANGED_AFTER_A_PLAN, False, id="inputs_changed_after_a_plan"),
