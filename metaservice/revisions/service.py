@@ -131,7 +131,7 @@ def _plan(session: Session, ctx: Context, table: str, from_barrier: int) -> _Pla
     jobs = topo.jobs_by_ids(session, [t.writer_id for t in tables.values() if t.writer_id])
     writers = {name: jobs[t.writer_id] for name, t in tables.items() if t.writer_id}
     _check_sources(table, writers)
-    _check_reached(session, ctx, writers, from_barrier)
+    _check_reached(session, ctx, tables, writers, from_barrier)
     inputs = _unaffected_inputs(session, writers, set(names))
     # The inputs are locked as the affected tables are: a concurrent expiry reservation
     # either committed first (its horizon is seen here) or sees this revision's record.
@@ -178,7 +178,11 @@ def _check_sources(table: str, writers: dict[str, Job]) -> None:
 
 
 def _check_reached(
-    session: Session, ctx: Context, writers: dict[str, Job], from_barrier: int
+    session: Session,
+    ctx: Context,
+    tables: dict[str, Table],
+    writers: dict[str, Job],
+    from_barrier: int,
 ) -> None:
     jobs = {j.id: j for j in writers.values()}
     # Not sealed (a revision that fails changes nothing): an idle source's frontier is the
@@ -194,11 +198,12 @@ def _check_reached(
                 field="from_barrier",
                 code="not_reached",
             )
-    derived = sorted(j.id for j in jobs.values() if j.kind == DERIVED)
-    exact = barrier_repo.latest_committed_at_or_before(session, derived, from_barrier)
+    # the table's exactness, which outlives a writer (versions.service)
+    derived = sorted(tables[name].id for name, j in writers.items() if j.kind == DERIVED)
+    exact = barrier_repo.latest_exact_at_or_before(session, derived, from_barrier)
     for name, job in sorted(writers.items()):
-        if job.kind == DERIVED and exact.get(job.id) != from_barrier:
-            below = exact.get(job.id)
+        if job.kind == DERIVED and exact.get(tables[name].id) != from_barrier:
+            below = exact.get(tables[name].id)
             raise Conflict(
                 f"table '{name}' is not exact at barrier {from_barrier}: job '{job.name}' "
                 "committed a batch that spans it"
@@ -807,52 +812,47 @@ def _version_barrier(session: Session, ctx: Context, names: list[str]) -> int | 
 
 def _other_tables(
     session: Session, ctx: Context, revision_id: int, affected: list[Affected]
-) -> dict[str, Job]:
-    """One table per writer (the writers' exactness and frontiers are what versions
-    compare) of the topology around the affected tables, outside them: the tables a
-    consistent version may pair with them. Left out: the tables of writers that a
-    revision supersedes (frozen, replaced) and the mirrors of other active revisions."""
-    graph: nx.DiGraph = ctx.graph.get(session)
-    undirected = graph.to_undirected(as_view=True)
+) -> dict[str, tuple[Table, Job]]:
+    """The tables a consistent version may pair with the affected ones, outside them, by
+    name with their writers: every table of the topology that has a writer, not only
+    those connected to the affected tables (a version may name any set of tables, the
+    outputs of two pipelines read together). One table per writer stands for its tables
+    (they share its frontier and the barriers it committed), and each table that keeps
+    barriers of former writers stands for itself (its exactness is its own). Left out:
+    the tables of writers that a revision supersedes (frozen, replaced: waiting for them
+    would wait for good) and the mirrors of other active revisions."""
     own = {a.table for a in affected} | {a.mirror for a in affected}
     writers = {a.writer for a in affected} | {
         revision_job_name(a.writer, revision_id) for a in affected
     }
-    around: set[str] = set()
-    for name in sorted(own):
-        if table_node(name) in graph and table_node(name) not in around:
-            around |= nx.node_connected_component(undirected, table_node(name))
-    found: dict[str, str] = {}  # writer -> one of its tables
-    for node in sorted(around):
-        if graph.nodes[node]["kind"] != "table" or graph.nodes[node]["name"] in own:
+    superseded = repo.superseded_writers(session)
+    mirrors = repo.active_mirrors(session)
+    found: dict[tuple[str, str], tuple[Table, Job]] = {}
+    for table, job in repo.written_tables(session):
+        if table.name in own or table.name in mirrors:
             continue
-        for writer in graph.predecessors(node):
-            found.setdefault(graph.nodes[writer]["name"], graph.nodes[node]["name"])
-    others: dict[str, Job] = {}
-    for writer, table in sorted(found.items()):
-        if writer in writers or repo.superseding(session, writer) is not None:
+        if job.name in writers or job.name in superseded:
             continue
-        if repo.active_by_mirror(session, table) is not None:
-            continue
-        job = topo.job_by_name(session, writer)
-        if job is not None:
-            others[table] = job
-    return others
+        kept = job.kind == DERIVED and (
+            table.handover_barrier is not None or table.source_until is not None
+        )
+        found.setdefault((job.name, table.name if kept else ""), (table, job))
+    return {table.name: (table, job) for table, job in found.values()}
 
 
 def _not_exact_at(
-    session: Session, ctx: Context, tables: dict[str, Job], barrier: int
+    session: Session, ctx: Context, tables: dict[str, tuple[Table, Job]], barrier: int
 ) -> list[str]:
     """Those of ``tables`` (by name, with their writers) that are not complete and exact
     at ``barrier``."""
-    jobs = list({j.id: j for j in tables.values()}.values())
+    jobs = list({j.id: j for _, j in tables.values()}.values())
     front = fr.frontiers(session, ctx, jobs)
-    derived = [j.id for j in jobs if j.kind == DERIVED]
-    exact = barrier_repo.latest_committed_at_or_before(session, derived, barrier)
+    derived = [t.id for t, j in tables.values() if j.kind == DERIVED]
+    exact = barrier_repo.latest_exact_at_or_before(session, derived, barrier)
     return [
         name
-        for name, job in sorted(tables.items())
-        if front[job.id] < barrier or (job.kind == DERIVED and exact.get(job.id) != barrier)
+        for name, (table, job) in sorted(tables.items())
+        if front[job.id] < barrier or (job.kind == DERIVED and exact.get(table.id) != barrier)
     ]
 
 
