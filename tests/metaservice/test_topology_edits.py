@@ -140,6 +140,39 @@ def test_a_source_table_changing_writer_keeps_every_answer_and_its_new_writer_st
     assert_kept(client, "ods.s", held)
 
 
+def test_a_source_taking_a_table_in_the_slot_of_its_history_starts_one_slot_ahead(
+    client: TestClient, clock: ManualClock
+) -> None:
+    """A design consequence, pinned: the table's history reaches the clock's slot (its
+    former writer stamped a batch there), and the new writer never stamps at or below
+    its history, so its first batch in that slot gets the next slot's barrier, one
+    slot ahead of the clock. Only its own barriers: another source in the slot gets the
+    slot, the table's frontier stays at its history until the clock has passed the new
+    barrier's slot, so no version and no reader's batch is ahead of the clock, and in
+    the next slot the new writer's batches follow the clock again."""
+    barriers = a_source_with_history(client, clock)  # the clock is in barriers[1]'s slot
+    slot = barriers[1]
+    put_job(client, "other", ["ods.o"])
+    put_job(client, "d", ["dw.d"], inputs=["ods.s"])
+    move_to_another_source(client)  # s2 takes ods.s
+
+    first = barrier(client, "s2", 0)["barrier"]
+    assert first == slot + SLOT  # one slot ahead of the clock
+    assert barrier(client, "other", 0)["barrier"] == slot  # other jobs keep the clock
+    commit(client, "s2", 0, first, "ods.s", 501)
+    assert get_json(client, "/jobs/s2")["frontier"] == slot  # not ahead of the clock
+    assert consistent(client, "ods.s").json()["barrier"] == slot
+    assert next_barrier(client, "d", after=0)["barrier"] <= slot
+    assert barrier(client, "s2", 1)["barrier"] == first  # the same slot, the same barrier
+    clock.advance(SLOT)  # the clock reaches the first barrier's slot
+    commit(client, "s2", 1, first, "ods.s", 502)
+    assert barrier(client, "s2", 2)["barrier"] == first  # the clock's slot again
+    commit(client, "s2", 2, first, "ods.s", 503)
+    assert get_json(client, "/jobs/s2")["frontier"] == slot  # that slot is not over yet
+    clock.advance(SLOT)
+    assert consistent(client, "ods.s").json() == {"barrier": first, "snapshots": {"ods.s": 503}}
+
+
 def test_the_table_keeps_its_snapshots_when_its_writer_is_deleted(
     client: TestClient, clock: ManualClock
 ) -> None:
