@@ -15,7 +15,7 @@ from metaservice.models.openlineage import (
 )
 from metaservice.models.revisions import Revision, RevisionSwapStep, RevisionTable
 from metaservice.models.tags import VersionTag, VersionTagSnapshot
-from metaservice.models.topology import DERIVED, SOURCE, Job, JobInput, Table
+from metaservice.models.topology import DERIVED, SOURCE, Job, JobInput, Table, TableExactBarrier
 
 __all__ = [
     "DERIVED",
@@ -43,6 +43,7 @@ __all__ = [
     "RevisionSwapStep",
     "RevisionTable",
     "Table",
+    "TableExactBarrier",
     "TableRetention",
     "VersionTag",
     "VersionTagSnapshot",

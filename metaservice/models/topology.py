@@ -62,7 +62,13 @@ class Table(Base):
     answered for it (its frontier when it stopped writing the table: output removed, or
     job deleted) and that writer's kind; None while the table never lost a writer. A new
     writer never stamps the table at or below that barrier, and only a writer that keeps
-    the table's exact barriers takes it on (``topology.service``)."""
+    the table's exact barriers takes it on (``topology.service``).
+
+    ``source_until``: the table was written by source jobs up to this barrier, so it is
+    exact at every barrier at or below it whoever writes it now; None while no source
+    job handed it over. Its former derived writers' exact barriers are
+    :class:`TableExactBarrier` rows. Together with its writer's committed barriers they
+    are where the table is exact (``barriers.repository.latest_exact_at_or_before``)."""
 
     __tablename__ = "tables"
 
@@ -79,6 +85,22 @@ class Table(Base):
     writer_first_batch: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     handover_barrier: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     handover_kind: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    source_until: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class TableExactBarrier(Base):
+    """A barrier a derived table was exact at under a former writer: the barriers that
+    writer committed (or was advanced to) while it wrote the table, kept when it handed
+    the table over (output removed or moved, job deleted), since the writer's batches
+    are not the table's any more (or are gone with the job). Versions handed out for the
+    table at them are answered again after any number of writers."""
+
+    __tablename__ = "table_exact_barriers"
+
+    table_id: Mapped[int] = mapped_column(
+        ForeignKey("tables.id", ondelete="CASCADE"), primary_key=True
+    )
+    barrier: Mapped[int] = mapped_column(BigInteger, primary_key=True)
 
 
 class JobInput(Base):

@@ -69,7 +69,7 @@ def plan(session: Session, ctx: Context, table: str, from_barrier: int) -> Plann
     jobs = topo.jobs_by_ids(session, [t.writer_id for t in tables.values() if t.writer_id])
     writers = {name: jobs[t.writer_id] for name, t in tables.items() if t.writer_id}
     _check_sources(table, writers)
-    _check_reached(session, ctx, writers, from_barrier)
+    _check_reached(session, ctx, tables, writers, from_barrier)
     inputs = _unaffected_inputs(session, writers, set(names))
     # The inputs are locked as the affected tables are: a concurrent expiry reservation
     # either committed first (its horizon is seen here) or sees this revision's record.
@@ -116,7 +116,11 @@ def _check_sources(table: str, writers: dict[str, Job]) -> None:
 
 
 def _check_reached(
-    session: Session, ctx: Context, writers: dict[str, Job], from_barrier: int
+    session: Session,
+    ctx: Context,
+    tables: dict[str, Table],
+    writers: dict[str, Job],
+    from_barrier: int,
 ) -> None:
     jobs = {j.id: j for j in writers.values()}
     # Not sealed (a revision that fails changes nothing): an idle source's frontier is the
@@ -132,11 +136,12 @@ def _check_reached(
                 field="from_barrier",
                 code="not_reached",
             )
-    derived = sorted(j.id for j in jobs.values() if j.kind == DERIVED)
-    exact = barrier_repo.latest_committed_at_or_before(session, derived, from_barrier)
+    # the table's exactness, which outlives a writer (versions.service)
+    derived = sorted(tables[name].id for name, j in writers.items() if j.kind == DERIVED)
+    exact = barrier_repo.latest_exact_at_or_before(session, derived, from_barrier)
     for name, job in sorted(writers.items()):
-        if job.kind == DERIVED and exact.get(job.id) != from_barrier:
-            below = exact.get(job.id)
+        if job.kind == DERIVED and exact.get(tables[name].id) != from_barrier:
+            below = exact.get(tables[name].id)
             raise Conflict(
                 f"table '{name}' is not exact at barrier {from_barrier}: job '{job.name}' "
                 "committed a batch that spans it"

@@ -18,6 +18,7 @@ from metaservice.models import (
     Revision,
     RevisionTable,
     Table,
+    TableExactBarrier,
     TableRetention,
     VersionTagSnapshot,
 )
@@ -281,7 +282,15 @@ def delete_tables(session: Session, table_ids: Sequence[int]) -> None:
     mirrors): leases', tags' and expiries' rows on them, then the tables."""
     if not table_ids:
         return
-    for model in (LeaseSnapshot, VersionTagSnapshot, ExpiredSnapshot, TableRetention, Commit):
+    models = (
+        LeaseSnapshot,
+        VersionTagSnapshot,
+        ExpiredSnapshot,
+        TableRetention,
+        TableExactBarrier,
+        Commit,
+    )
+    for model in models:
         session.execute(delete(model).where(model.table_id.in_(table_ids)))
     session.execute(delete(Table).where(Table.id.in_(table_ids)))
 
@@ -303,6 +312,36 @@ def superseding(session: Session, writer: str) -> int | None:
 
 
 # -- the swap ---------------------------------------------------------------------------------
+
+
+def superseded_writers(session: Session) -> set[str]:
+    """The jobs a revision, swapping or swapped, replaces (see :func:`superseding`)."""
+    return set(
+        session.scalars(
+            select(RevisionTable.writer)
+            .join(Revision, Revision.id == RevisionTable.revision_id)
+            .where(Revision.state.in_(FREEZING))
+        )
+    )
+
+
+def active_mirrors(session: Session) -> set[str]:
+    """The mirrors of the active revisions, by name (see :func:`active_by_mirror`)."""
+    return set(
+        session.scalars(
+            select(RevisionTable.mirror)
+            .join(Revision, Revision.id == RevisionTable.revision_id)
+            .where(Revision.state.in_(ACTIVE))
+        )
+    )
+
+
+def written_tables(session: Session) -> list[tuple[Table, Job]]:
+    """Every table that has a writer, with it, by table name."""
+    rows = session.execute(
+        select(Table, Job).join(Job, Job.id == Table.writer_id).order_by(Table.name)
+    )
+    return [(t, j) for t, j in rows]
 
 
 def pre_revision_name(table: str, revision_id: int) -> str:

@@ -7,19 +7,16 @@ from __future__ import annotations
 
 import logging
 
-import networkx as nx
 from sqlalchemy.orm import Session
 
 from metaservice.barriers import frontiers as fr
 from metaservice.barriers import repository as barrier_repo
 from metaservice.context import Context
 from metaservice.errors import Conflict, NotFound
-from metaservice.models import DERIVED, Job
+from metaservice.models import DERIVED, Job, Table
 from metaservice.revisions import repository as repo
 from metaservice.revisions.names import revision_job_name
 from metaservice.revisions.repository import Affected
-from metaservice.topology import repository as topo
-from metaservice.topology.graph import table_node
 from metaservice.versions import service as versions
 
 log = logging.getLogger(__name__)
@@ -110,50 +107,45 @@ def _version_barrier(session: Session, ctx: Context, names: list[str]) -> int | 
 
 def _other_tables(
     session: Session, ctx: Context, revision_id: int, affected: list[Affected]
-) -> dict[str, Job]:
-    """One table per writer (the writers' exactness and frontiers are what versions
-    compare) of the topology around the affected tables, outside them: the tables a
-    consistent version may pair with them. Left out: the tables of writers that a
-    revision supersedes (frozen, replaced) and the mirrors of other active revisions."""
-    graph: nx.DiGraph = ctx.graph.get(session)
-    undirected = graph.to_undirected(as_view=True)
+) -> dict[str, tuple[Table, Job]]:
+    """The tables a consistent version may pair with the affected ones, outside them, by
+    name with their writers: every table of the topology that has a writer, not only
+    those connected to the affected tables (a version may name any set of tables, the
+    outputs of two pipelines read together). One table per writer stands for its tables
+    (they share its frontier and the barriers it committed), and each table that keeps
+    barriers of former writers stands for itself (its exactness is its own). Left out:
+    the tables of writers that a revision supersedes (frozen, replaced: waiting for them
+    would wait for good) and the mirrors of other active revisions."""
     own = {a.table for a in affected} | {a.mirror for a in affected}
     writers = {a.writer for a in affected} | {
         revision_job_name(a.writer, revision_id) for a in affected
     }
-    around: set[str] = set()
-    for name in sorted(own):
-        if table_node(name) in graph and table_node(name) not in around:
-            around |= nx.node_connected_component(undirected, table_node(name))
-    found: dict[str, str] = {}  # writer -> one of its tables
-    for node in sorted(around):
-        if graph.nodes[node]["kind"] != "table" or graph.nodes[node]["name"] in own:
+    superseded = repo.superseded_writers(session)
+    mirrors = repo.active_mirrors(session)
+    found: dict[tuple[str, str], tuple[Table, Job]] = {}
+    for table, job in repo.written_tables(session):
+        if table.name in own or table.name in mirrors:
             continue
-        for writer in graph.predecessors(node):
-            found.setdefault(graph.nodes[writer]["name"], graph.nodes[node]["name"])
-    others: dict[str, Job] = {}
-    for writer, table in sorted(found.items()):
-        if writer in writers or repo.superseding(session, writer) is not None:
+        if job.name in writers or job.name in superseded:
             continue
-        if repo.active_by_mirror(session, table) is not None:
-            continue
-        job = topo.job_by_name(session, writer)
-        if job is not None:
-            others[table] = job
-    return others
+        kept = job.kind == DERIVED and (
+            table.handover_barrier is not None or table.source_until is not None
+        )
+        found.setdefault((job.name, table.name if kept else ""), (table, job))
+    return {table.name: (table, job) for table, job in found.values()}
 
 
 def _not_exact_at(
-    session: Session, ctx: Context, tables: dict[str, Job], barrier: int
+    session: Session, ctx: Context, tables: dict[str, tuple[Table, Job]], barrier: int
 ) -> list[str]:
     """Those of ``tables`` (by name, with their writers) that are not complete and exact
     at ``barrier``."""
-    jobs = list({j.id: j for j in tables.values()}.values())
+    jobs = list({j.id: j for _, j in tables.values()}.values())
     front = fr.frontiers(session, ctx, jobs)
-    derived = [j.id for j in jobs if j.kind == DERIVED]
-    exact = barrier_repo.latest_committed_at_or_before(session, derived, barrier)
+    derived = [t.id for t, j in tables.values() if j.kind == DERIVED]
+    exact = barrier_repo.latest_exact_at_or_before(session, derived, barrier)
     return [
         name
-        for name, job in sorted(tables.items())
-        if front[job.id] < barrier or (job.kind == DERIVED and exact.get(job.id) != barrier)
+        for name, (table, job) in sorted(tables.items())
+        if front[job.id] < barrier or (job.kind == DERIVED and exact.get(table.id) != barrier)
     ]

@@ -273,11 +273,19 @@ def _take_over(session: Session, job: Job, floor: int) -> None:
 
 def _hand_over(session: Session, ctx: Context, job: Job, tables: list[Table]) -> None:
     """The tables lose their writer: each keeps how far that writer answered for it, and
-    its kind, for the next writer (see :func:`_check_takeover`)."""
+    its kind, for the next writer (see :func:`_check_takeover`), and where that writer
+    made it exact, since versions handed out named it there: every barrier up to its
+    frontier for a source job, the barriers it committed for a derived one (its batches
+    stop being the table's, or go with the job)."""
     if not tables:
         return
     frontier = fr.frontiers(session, ctx, [job], sealed_only=False)[job.id]
     for table in tables:
+        if job.kind == SOURCE:
+            table.source_until = max(table.source_until or 0, frontier)
+        else:
+            above = max(table.handover_barrier or 0, table.source_until or 0)
+            barrier_repo.keep_exact_barriers(session, job.id, [table.id], above, frontier)
         table.handover_barrier = max(table.handover_barrier or 0, frontier)
         table.handover_kind = job.kind
 

@@ -106,7 +106,7 @@ def _version_of(
     if at_or_before is not None:
         # the largest barrier at or before it: barriers lie on the clock's grid
         limit = min(limit, slot_of(at_or_before, ctx.interval))
-    derived = sorted(j.id for j in jobs.values() if j.kind == DERIVED)
+    derived = sorted(t.id for t in tables.values() if jobs[t.writer_id].kind == DERIVED)
     barrier = _common_exact_barrier(session, derived, limit)
     if barrier is None or barrier <= 0:
         raise Conflict(
@@ -150,16 +150,19 @@ def _check_horizons(version: ConsistentVersion, tables: dict[str, Table], field:
         )
 
 
-def _common_exact_barrier(session: Session, derived_jobs: list[int], limit: int) -> int | None:
-    """Largest barrier <= limit that every derived job committed (sources are exact everywhere).
+def _common_exact_barrier(session: Session, derived_tables: list[int], limit: int) -> int | None:
+    """Largest barrier <= limit that every table a derived job writes is exact at (tables
+    of source jobs are exact everywhere). Exactness is the table's, not its writer's: a
+    table taken over keeps the barriers its former writers made it exact at, so the
+    versions handed out for it are answered again after the hand-over.
 
-    Each round lowers the candidate to the smallest of the jobs' latest commits at or
-    below it; it stops when they all agree. Converges in a few indexed queries.
+    Each round lowers the candidate to the smallest of the tables' latest exact barriers
+    at or below it; it stops when they all agree. Converges in a few indexed queries.
     """
     candidate = limit
-    while derived_jobs:
-        latest = barrier_repo.latest_committed_at_or_before(session, derived_jobs, candidate)
-        if len(latest) < len(derived_jobs):
+    while derived_tables:
+        latest = barrier_repo.latest_exact_at_or_before(session, derived_tables, candidate)
+        if len(latest) < len(derived_tables):
             return None
         lowest = min(latest.values())
         if all(b == lowest for b in latest.values()):

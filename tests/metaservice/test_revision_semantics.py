@@ -142,6 +142,56 @@ def test_the_swap_waits_until_no_consistent_version_would_go_back(
     assert consistent(client, "dw.d").json()["barrier"] >= max(mirror_barriers)
 
 
+def test_the_swap_waits_for_a_table_of_another_pipeline_a_version_pairs_it_with(
+    client: TestClient, lake: Lake
+) -> None:
+    """As above, but ``x`` reads ``ods.y`` of its own source: nothing connects dw.x to
+    the revised table, and a consistent version may still name both. The swap checks
+    every table of the topology, not only those connected to the revised ones."""
+    put_job(client, "s", ["ods.s"])
+    put_job(client, "y", ["ods.y"])
+    put_job(client, "d", ["dw.d"], inputs=["ods.s"])
+    put_job(client, "x", ["dw.x"], inputs=["ods.y"])
+
+    def round_(i: int, *, with_x: bool = True) -> None:
+        lake.batch("s", i, "ods.s", [i])
+        lake.batch("y", i, "ods.y", [1000 + i])
+        lake.batch("d", i, "dw.d", [10 + i])
+        if with_x:
+            lake.batch("x", i, "dw.x", [100 + i])
+
+    for i in range(3):
+        round_(i)
+    start = consistent(client, "dw.d").json()["barrier"]
+    rid = revise(client, "dw.d", start).json()["id"]
+    for i in range(3, 13):
+        round_(i, with_x=i < 10)
+    mirror_barriers = []
+    for k in range(8):
+        if frontier(client, f"d__rev{rid}") >= frontier(client, "d"):
+            break
+        mirror_barriers.append(lake.batch(f"d__rev{rid}", k, f"dw.d__rev{rid}", [20 + k]).barrier)
+    handed_out = consistent(client, "dw.d,dw.x").json()["barrier"]
+    assert handed_out == frontier(client, "x")
+    assert handed_out not in mirror_barriers, (handed_out, mirror_barriers)  # the case at hand
+
+    r = swap(client, rid, wait_seconds=0.3)
+
+    assert r.status_code == 202, r.text
+    assert r.json()["state"] == "swapping"
+    waits = r.json()["swap_waits_for"]
+    assert "'dw.x'" in waits and f"at barrier {handed_out}" in waits, waits
+    assert consistent(client, "dw.d,dw.x").json()["barrier"] == handed_out  # nothing swapped
+    for batch_id in range(12, 20):
+        lake.batch("y", batch_id + 1, "ods.y", [1000 + batch_id])
+        lake.batch("x", batch_id, "dw.x", [100 + batch_id])
+        if swap(client, rid, wait_seconds=0.3).status_code == 200:
+            break
+    assert revision_state(client, rid) == "swapped"
+    after = consistent(client, "dw.d,dw.x").json()
+    assert after["barrier"] >= handed_out, (after, handed_out, mirror_barriers)
+
+
 def frontier(client: TestClient, job: str) -> int:
     return get_json(client, f"/jobs/{job}")["frontier"]  # type: ignore[no-any-return]
 

@@ -25,6 +25,7 @@ from tests.metaservice.helpers import (
     T0,
     assert_error,
     barrier,
+    commit,
     consistent,
     get_json,
     next_barrier,
@@ -137,6 +138,39 @@ def test_a_source_table_changing_writer_keeps_every_answer_and_its_new_writer_st
     assert stamped > barriers[1], (stamped, barriers)
     clock.advance(2 * SLOT)
     assert_kept(client, "ods.s", held)
+
+
+def test_a_source_taking_a_table_in_the_slot_of_its_history_starts_one_slot_ahead(
+    client: TestClient, clock: ManualClock
+) -> None:
+    """A design consequence, pinned: the table's history reaches the clock's slot (its
+    former writer stamped a batch there), and the new writer never stamps at or below
+    its history, so its first batch in that slot gets the next slot's barrier, one
+    slot ahead of the clock. Only its own barriers: another source in the slot gets the
+    slot, the table's frontier stays at its history until the clock has passed the new
+    barrier's slot, so no version and no reader's batch is ahead of the clock, and in
+    the next slot the new writer's batches follow the clock again."""
+    barriers = a_source_with_history(client, clock)  # the clock is in barriers[1]'s slot
+    slot = barriers[1]
+    put_job(client, "other", ["ods.o"])
+    put_job(client, "d", ["dw.d"], inputs=["ods.s"])
+    move_to_another_source(client)  # s2 takes ods.s
+
+    first = barrier(client, "s2", 0)["barrier"]
+    assert first == slot + SLOT  # one slot ahead of the clock
+    assert barrier(client, "other", 0)["barrier"] == slot  # other jobs keep the clock
+    commit(client, "s2", 0, first, "ods.s", 501)
+    assert get_json(client, "/jobs/s2")["frontier"] == slot  # not ahead of the clock
+    assert consistent(client, "ods.s").json()["barrier"] == slot
+    assert next_barrier(client, "d", after=0)["barrier"] <= slot
+    assert barrier(client, "s2", 1)["barrier"] == first  # the same slot, the same barrier
+    clock.advance(SLOT)  # the clock reaches the first barrier's slot
+    commit(client, "s2", 1, first, "ods.s", 502)
+    assert barrier(client, "s2", 2)["barrier"] == first  # the clock's slot again
+    commit(client, "s2", 2, first, "ods.s", 503)
+    assert get_json(client, "/jobs/s2")["frontier"] == slot  # that slot is not over yet
+    clock.advance(SLOT)
+    assert consistent(client, "ods.s").json() == {"barrier": first, "snapshots": {"ods.s": 503}}
 
 
 def test_the_table_keeps_its_snapshots_when_its_writer_is_deleted(
@@ -326,6 +360,135 @@ def test_a_new_derived_writer_of_a_derived_table_starts_after_its_history(
     assert [(i["from_barrier"], i["from_snapshot"]) for i in r.json()["inputs"]] == [
         (barriers["der0"], 102)
     ]
+
+
+def a_derived_table_with_history(client: TestClient, clock: ManualClock) -> list[int]:
+    """``der`` reads ods.orders and writes dw.detail and dw.extra: its batch 0 ends at
+    T0+1s (it spans T0, so neither table is exact there), then the idle advance takes it
+    on while ods.orders does not change. Returns the barriers a reader asks at."""
+    put_job(client, "src", ["ods.orders"])
+    put_job(client, "der", ["dw.detail", "dw.extra"], inputs=["ods.orders"])
+    run_batch(client, "src", 0, {"ods.orders": 101})
+    clock.advance(SLOT)
+    run_batch(client, "src", 1, {"ods.orders": 102})
+    clock.advance(SLOT)
+    d0 = run_batch(client, "der", 0, {"dw.detail": 201, "dw.extra": 301})
+    assert d0 == T0 + SLOT
+    clock.advance(3 * SLOT)
+    advanced = consistent(client, "dw.extra").json()["barrier"]
+    assert advanced > d0  # the idle advance's barrier: no Spark batch, no commit
+    return [T0, d0, d0 + SLOT, advanced]
+
+
+def delete_der_and_register_it_again(c: TestClient) -> None:
+    assert c.delete(f"{API}/jobs/der").status_code == 204
+    put_job(c, "der", ["dw.detail", "dw.extra"], inputs=["ods.orders"])
+
+
+def move_extra_to_a_new_derived_job(c: TestClient) -> None:
+    put_job(c, "der", ["dw.detail"], inputs=["ods.orders"])
+    put_job(c, "der2", ["dw.extra"], inputs=["ods.orders"])
+
+
+def move_extra_to_a_derived_job_of_other_inputs(c: TestClient) -> None:
+    put_job(c, "s2", ["ods.other"])
+    put_job(c, "der", ["dw.detail"], inputs=["ods.orders"])
+    put_job(c, "der2", ["dw.extra"], inputs=["ods.other"])
+
+
+@dataclass
+class Takeover:
+    """A new derived writer takes dw.extra: ``writer`` reads ``source``'s ``input``."""
+
+    name: str
+    edit: Callable[[TestClient], None]
+    writer: str
+    source: str = "src"
+    input: str = "ods.orders"
+
+
+DERIVED_TAKEOVERS = [
+    Takeover("delete and register again", delete_der_and_register_it_again, "der"),
+    Takeover("move an output to a new derived job", move_extra_to_a_new_derived_job, "der2"),
+    Takeover(
+        "move to a derived job of other inputs",
+        move_extra_to_a_derived_job_of_other_inputs,
+        "der2",
+        "s2",
+        "ods.other",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", DERIVED_TAKEOVERS, ids=[t.name for t in DERIVED_TAKEOVERS])
+def test_a_derived_table_taken_by_a_new_derived_writer_answers_every_version_again(
+    client: TestClient, clock: ManualClock, case: Takeover
+) -> None:
+    """Exactness is the table's, not its writer's (N2): the versions handed out for a
+    derived table at or below its hand-over, at a barrier its former writer committed or
+    was advanced to, are given again, unchanged, by the new writer's table (they were 409
+    ``no_consistent_version``, the new writer having committed none of them); where it
+    was not exact (inside the former writer's batch) it stays 409; the new writer's own
+    barriers come after, and no version names the table at a barrier it is not exact at."""
+    barriers = a_derived_table_with_history(client, clock)
+    sets = ["dw.extra", "dw.extra,ods.orders"]
+    held = {tables: answers(client, tables, barriers) for tables in sets}
+    assert held["dw.extra"][str(T0)] == "no_consistent_version"  # inside batch 0
+    assert held["dw.extra"][str(barriers[1])]["snapshots"] == {"dw.extra": 301}
+    assert held["dw.extra"][str(barriers[3])]["barrier"] == barriers[3]
+
+    case.edit(client)
+
+    for tables in sets:
+        for key, before in held[tables].items():
+            at = {} if key == "None" else {"at_or_before": int(key)}
+            r = consistent(client, tables, **at)
+            if isinstance(before, dict):
+                assert r.status_code == 200, (tables, key, r.text)
+                assert r.json() == before, (tables, key, before, r.json())
+            else:
+                assert r.status_code == 409 and r.json()["code"] == before, (tables, key, r.text)
+    # The new writer goes on above the history; the table is exact at its barriers too.
+    writer = case.writer
+    assert get_json(client, f"/jobs/{writer}")["frontier"] == barriers[3]
+    run_batch(client, case.source, 7, {case.input: 701})
+    clock.advance(SLOT)
+    plan = next_barrier(client, writer, after=barriers[3])
+    assert plan["ready"] and plan["barrier"] > barriers[3], plan
+    opened = client.post(
+        f"{API}/jobs/{writer}/batches/0/barrier",
+        json={"start": barriers[3], "end": plan["barrier"]},
+    )
+    assert opened.status_code == 200, opened.text
+    outputs = {"dw.detail": 202, "dw.extra": 302} if writer == "der" else {"dw.extra": 302}
+    for table, snapshot in outputs.items():
+        commit(client, writer, 0, plan["barrier"], table, snapshot)
+    latest = consistent(client, "dw.extra").json()
+    assert latest["barrier"] >= plan["barrier"] and latest["snapshots"] == {"dw.extra": 302}
+    again = consistent(client, "dw.extra", at_or_before=barriers[3]).json()
+    assert again == held["dw.extra"][str(barriers[3])]
+
+
+def test_a_source_table_taken_by_a_derived_job_keeps_the_sources_answers(
+    client: TestClient, clock: ManualClock
+) -> None:
+    """A source's table is exact at every barrier up to its frontier; taken by a derived
+    job that has not run, it stays so up to the hand-over (``source_until``)."""
+    barriers = a_source_with_history(client, clock)
+    clock.advance(2 * SLOT)
+    put_job(client, "up", ["ods.up"])
+    run_batch(client, "up", 0, {"ods.up": 1})
+    clock.advance(SLOT)
+    held = answers(client, "ods.s", [*barriers, barriers[1] + SLOT])
+    assert all(isinstance(v, dict) for v in held.values()), held
+
+    put_job(client, "s", ["ods.other"])
+    put_job(client, "d", ["ods.s"], inputs=["ods.up"])
+
+    for key, before in held.items():
+        at = {} if key == "None" else {"at_or_before": int(key)}
+        r = consistent(client, "ods.s", **at)
+        assert r.status_code == 200 and r.json() == before, (key, before, r.text)
 
 
 def test_changing_the_inputs_of_a_job_that_never_ran_drops_its_plans(

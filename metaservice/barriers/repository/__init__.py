@@ -6,6 +6,7 @@ before):
 - :mod:`.plans`: derived jobs' batch plans and the barriers they are aligned to;
 - :mod:`.idle`: the idle advance's closure, locks, first changes and writes;
 - :mod:`.frontiers`: source progress and sealing;
+- :mod:`.exactness`: where a table is exact, across its writers;
 - :mod:`.reports`: a commit report request's set-based read and writes;
 - :mod:`.snapshots`: the barrier-to-snapshot mapping.
 """
@@ -41,6 +42,10 @@ from metaservice.barriers.repository.batches import (
     raise_last_issued,
     touch_job,
     touch_job_id,
+)
+from metaservice.barriers.repository.exactness import (
+    keep_exact_barriers,
+    latest_exact_at_or_before,
 )
 from metaservice.barriers.repository.frontiers import (
     SourceProgress,
@@ -105,7 +110,9 @@ __all__ = [
     "insert_batches",
     "insert_open_batch",
     "jobs_with_open_batches",
+    "keep_exact_barriers",
     "latest_committed_at_or_before",
+    "latest_exact_at_or_before",
     "latest_snapshots",
     "lock_job",
     "lock_jobs_by_name",
