@@ -106,7 +106,12 @@ def _version_of(
     if at_or_before is not None:
         # the largest barrier at or before it: barriers lie on the clock's grid
         limit = min(limit, slot_of(at_or_before, ctx.interval))
-    derived = sorted(t.id for t in tables.values() if jobs[t.writer_id].kind == DERIVED)
+    # the tables' exactness, which outlives a writer (every table here has one: writers_of)
+    derived = sorted(
+        t.id
+        for t in tables.values()
+        if t.writer_id is not None and jobs[t.writer_id].kind == DERIVED
+    )
     barrier = _common_exact_barrier(session, derived, limit)
     if barrier is None or barrier <= 0:
         raise Conflict(
