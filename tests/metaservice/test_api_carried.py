@@ -131,7 +131,13 @@ def test_a_refused_grant_or_progress_refuses_nothing_else(client, clock):
     nxt = get_json(client, "/jobs/der/next-barrier")
     assert nxt["ready"], nxt
     r = carrying(
-        client, "der", 0, start=nxt["start_barrier"], end=nxt["barrier"], floor=T0, progress=PROGRESS
+        client,
+        "der",
+        0,
+        start=nxt["start_barrier"],
+        end=nxt["barrier"],
+        floor=T0,
+        progress=PROGRESS,
     )
     assert r.status_code == 200, r.text
     carried = r.json()["carried"]
