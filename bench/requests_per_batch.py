@@ -155,6 +155,7 @@ class DerivedDriver(_Driver):
         readers = []
         for table in self.inputs:
             options = {"url": self.url, "job": self.job, "table": table, "catalog": "{}"}
+            options["shared_ends"] = str(self.state / "next-barrier.json")  # as job.source
             reader = BarrierStreamReader({**options, "wait_ms": str(NEXT_BARRIER_WAIT_MS)}, None)  # type: ignore[arg-type]
             reader._client = self.client  # its own in a driver: the same requests
             readers.append(reader)

@@ -235,6 +235,8 @@ class BarrierJob:
             **streamed.options(),
             "patience_s": str(self.patience_s),
             "wait_ms": str(NEXT_BARRIER_WAIT_MS),
+            # One barrier stream per job: its sources share each ready end (source.py).
+            "shared_ends": str(self.state_dir / "next-barrier.json"),
         }
         if self.revision is not None and self.aliases:
             # A revision job's driver started before the swap: an idle source notices it.

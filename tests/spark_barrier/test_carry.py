@@ -188,3 +188,39 @@ def test_a_refused_barrier_still_settles_what_it_carried(rig):
     assert requests_after(rig, mark) == [BARRIER.format(1)]
     assert rig.snapshots("ods.orders") == [(0, b0)]
     job.close()
+
+
+# -- a derived job: one barrier stream, not one per input ---------------------------------
+
+
+def test_a_derived_jobs_sources_share_each_ready_end(rig):
+    from spark_barrier.source import BarrierStreamReader
+
+    # ods.b has no writer yet: the job's next batch is not ready.
+    rig.client.put_job("both", inputs=["ods.orders", "ods.b"], outputs=["dw.both"])
+    shared = rig.state / "next-barrier.json"
+
+    def reader(table: str) -> BarrierStreamReader:
+        options = {"url": "http://testserver", "job": "both", "table": table, "catalog": "{}"}
+        r = BarrierStreamReader({**options, "shared_ends": str(shared)}, None)  # type: ignore[arg-type]
+        r._client = rig.client
+        return r
+
+    a, b = reader("ods.orders"), reader("ods.b")
+    start = {"barrier": 0}
+    # Not ready: each source asks (a "not ready" is never shared).
+    mark = len(rig.net.requests)
+    assert a.latestOffset(start, None) == start  # type: ignore[arg-type]
+    assert b.latestOffset(start, None) == start  # type: ignore[arg-type]
+    assert len(requests_after(rig, mark)) == 2
+    rig.client.put_job("src_b", outputs=["ods.b"])
+    rig.clock.advance(2 * SLOT)
+    # Ready: the first source of the trigger asks, the other answers the same end from
+    # the shared file.
+    mark = len(rig.net.requests)
+    end = a.latestOffset(start, None)  # type: ignore[arg-type]
+    assert end["barrier"] >= T0
+    assert b.latestOffset(start, None) == end  # type: ignore[arg-type]
+    assert requests_after(rig, mark) == ["GET /api/v1/jobs/both/next-barrier"]
+    # Another start is not answered from it.
+    assert b._shared_end(end["barrier"]) is None
