@@ -320,9 +320,9 @@ class OfflineBarriers:
         margin = SLOT_REPORT_MARGIN_MS + random.uniform(0, SLOT_REPORT_JITTER_MS)
         with self._lock:
             carrying = self._carried_slot >= slot - state.interval_ms
-        if carrying:  # the next batch's request will likely report in: give it time
-            margin = max(margin, state.interval_ms * CARRIED_WAIT_SHARE)
         at = next_slot + margin
+        if carrying:  # the next batch's request will likely report in: give it time
+            return (next_slot + max(margin, state.interval_ms * CARRIED_WAIT_SHARE) - now) / 1000
         return min(self._heartbeat_s, (at - now) / 1000)
 
     def _reported_this_slot(self) -> bool:
