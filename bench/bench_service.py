@@ -1704,8 +1704,9 @@ def _slot_now() -> int:
 
 
 async def _derived_job(job: _FleetJob, rec: _Recorder, rng: random.Random, wait_ms: int) -> None:
-    """Each trigger, every barrier source asks next-barrier in turn; once they agree on
-    a new end: planning, barrier (with the planned start and end), work, report."""
+    """Each trigger, the barrier sources ask next-barrier in turn until one gets a ready
+    end, which the others share; then planning, barrier (with the planned start and
+    end), work, report."""
     while time.time() < rec.end:
         started = time.time()
         ends = set()
@@ -1715,7 +1716,10 @@ async def _derived_job(job: _FleetJob, rec: _Recorder, rng: random.Random, wait_
                 "derived: next-barrier (long poll)",
                 job.http.get(f"/jobs/{job.name}/next-barrier", params=params),
             )
-            ends.add(nxt["barrier"] if nxt is not None and nxt["ready"] else None)
+            ready = nxt is not None and nxt["ready"]
+            ends.add(nxt["barrier"] if ready else None)
+            if ready:  # the job's other sources answer it from the shared file (source.py)
+                break
         end = ends.pop() if len(ends) == 1 else None
         if end is None or end <= job.frontier:
             await asyncio.sleep(SPARK_POLLING_DELAY_S)
