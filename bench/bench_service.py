@@ -45,10 +45,14 @@ stops at 10,000 tables and 1 million commits. See bench/README.md.
 Fleet (``--part fleet``, results in ``bench/results/service-fleet.json``), PostgreSQL: a
 simulated driver per job of build_topology's layered DAG (``--jobs``, 40 % sources) at
 1 s barriers, each sending what spark_barrier sends: a source each second its batch's
-barrier, its report through the outbox (``POST /commits/batch``), the listener's
-progress event and the offline grant's heartbeat; a derived job long-polling
-``next-barrier`` once per input until they agree on a new end, then the barrier, the
-report and the event. Measured over ``--seconds`` after a warm-up: barrier latency
+barrier, carrying the last batch's report, progress and offline-grant promise (one
+request per batch; the grant's heartbeat only in a slot no request reported in); a
+derived job long-polling ``next-barrier`` until its sources agree on a new end, then
+the barrier (carrying its last progress) and the report. Beside them, real
+spark_barrier client code (``bench/requests_per_batch.py``: two sources and a derived
+job of two inputs) counts the requests it sends per batch (goal: source 1, derived
+<= 3); ``--part requests`` runs that count alone. Measured over ``--seconds`` after a
+warm-up: barrier latency
 p50/p99 (goal p99 <= 50 ms), requests served per second by kind, batches per job per
 second and the slots they skipped, CPU of the load generator, the service and
 PostgreSQL, beside ``GET /healthz`` of the same service. ``--part replicas``: the
@@ -62,7 +66,7 @@ loopback. The service runs as ``uvicorn --factory metaservice.app:create_app`` (
 Usage:
     python -m bench.bench_service [--out bench/results/service.json] [--quick]
                                   [--db sqlite|postgres|both] [--workers 1]
-                                  [--part writes|cycles|reads|growth|fleet|replicas|all]
+                                  [--part writes|cycles|reads|growth|fleet|replicas|requests|all]
                                   [--label NAME] [--tables 1000,...] [--commits 10000,...]
                                   [--jobs 1000,...] [--seconds 60] [--wait-ms 2000]
 PostgreSQL URL: --pg-url, else METASERVICE_TEST_PG_URL, else
@@ -103,6 +107,7 @@ from sqlalchemy import create_engine, event, insert, text, update
 from bench.common import package_version, pg_schema, process_cpu_s
 from bench.floor_app import FACTORY as PROBE_FACTORY
 from bench.floor_app import create_probe_rows
+from bench.requests_per_batch import print_requests_per_batch, requests_per_batch
 from metaservice.db import make_engine, normalise_url
 from metaservice.migrate import upgrade
 from metaservice.models import DERIVED, SOURCE, Batch, ClockState, Commit, Job, JobInput, Table
@@ -1460,15 +1465,19 @@ def merge_growth(path: Path, new: dict[str, Any]) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- fleet
 
-# What a running job sends, after spark_barrier (restated: importing spark_barrier.job
-# would load pyspark). A source query fires at every multiple of its 1 s trigger
-# (Spark's ProcessingTimeExecutor aligns triggers to the epoch, so every source of the
-# fleet fires at the same instant); a derived query triggers continuously, its barrier
-# sources long-polling next-barrier; a source driver reports in for its offline grant
-# every second.
-SOURCE_TRIGGER_S = 1.0  # spark_barrier.job.SOURCE_TRIGGER_S
+# What a running job sends, after spark_barrier (restated for hundreds of drivers in one
+# event loop; bench/requests_per_batch.py counts what spark_barrier's own code sends,
+# beside them). A source query fires at every multiple of its trigger, the barrier
+# interval (Spark's ProcessingTimeExecutor aligns triggers to the epoch, so every source
+# of the fleet fires at the same instant), and its barrier request carries the last
+# batch's report, progress and offline-grant promise (spark_barrier/carry.py): one
+# request per batch, the heartbeat silent in a slot a request reported in. A derived
+# query triggers continuously, its barrier sources long-polling next-barrier; its
+# barrier request carries its last progress, and its report goes at once.
+SOURCE_TRIGGER_S = 1.0  # the barrier interval (spark_barrier.job.BarrierJob.start)
 NEXT_BARRIER_WAIT_MS = 2000  # spark_barrier.job.NEXT_BARRIER_WAIT_MS
 GRANT_EVERY_S = 1.0  # spark_barrier.offline.OfflineBarriers(heartbeat_s=1.0)
+GRANT_CARRIED_WAIT_S = 0.5  # spark_barrier.offline.CARRIED_WAIT_SHARE of a slot
 SPARK_POLLING_DELAY_S = 0.01  # spark.sql.streaming.pollingDelay: a trigger with no new data
 # Not the service's: Spark planning a batch before its sink asks for the barrier (drawn
 # uniformly up to this), and the batch's work between its barrier and its report.
@@ -1563,6 +1572,9 @@ class _FleetJob:
     spans: list[tuple[int, int]]  # (start, end] of its batches started in the window
     last_reported: int | None = None
     lag_slots: int | None = None  # behind the clock when the window ended
+    carried_report: dict[str, Any] | None = None  # for the next barrier request
+    carried_progress: dict[str, Any] | None = None
+    carried_slot: int = -1  # the slot of the last promise a barrier request carried
 
     def start(self, rec: _Recorder) -> None:
         job, http = self.name, self.http
@@ -1593,8 +1605,23 @@ class _FleetJob:
         None after an error. Keeps the slots the batch spans."""
         t0 = time.time()
         path = f"/jobs/{self.name}/batches/{self.batch}/barrier"
-        request = self.http.post(path, json={**plan, "query_id": self.query_id})
-        answer = await rec.call(what, request, expected=("empty_range",))
+        body: dict[str, Any] = {**plan, "query_id": self.query_id}
+        report, progress = self.carried_report, self.carried_progress
+        self.carried_report = self.carried_progress = None
+        if report is not None:
+            body["reports"] = [report]
+        if progress is not None:
+            body["progress"] = progress
+        if not self.inputs:
+            body["floor"] = max(self.frontier, _slot_now())  # OfflineBarriers._promise
+        answer = await rec.call(what, self.http.post(path, json=body), expected=("empty_range",))
+        carried = (answer or {}).get("carried") or {}
+        if report is not None and carried.get("reports") is None:
+            self.outbox.queue.put_nowait(report)  # not acknowledged: the outbox sends it
+        if progress is not None and not carried.get("progress"):
+            self.listener.queue.put_nowait(progress)
+        if carried.get("grant"):
+            self.carried_slot = carried["grant"]["barrier"]
         if answer is None:
             return None
         start = answer.get("start_barrier") or plan.get("start") or self.frontier
@@ -1612,14 +1639,24 @@ class _FleetJob:
         """The batch's work, then its report to the outbox and its progress to the listener."""
         await asyncio.sleep(FLEET_BATCH_WORK_S)
         report = {"job": self.name, "batch_id": self.batch, "barrier": barrier}
-        self.outbox.queue.put_nowait(
-            {**report, "table": self.table, "snapshot_id": 10**12 + self.batch}
-        )
+        report |= {"table": self.table, "snapshot_id": 10**12 + self.batch}
+        if self.inputs:
+            self.outbox.queue.put_nowait(report)  # readers wait for it: at once
+        else:
+            self.carried_report = report  # the next batch's request carries it
         progress = {"event": "progress", "run_id": self.query_id, "batch_id": self.batch}
         progress |= {"num_input_rows": 100, "duration_ms": int((time.time() - started) * 1000)}
-        self.listener.queue.put_nowait(progress)
+        self.carried_progress = progress
         self.last_reported, self.frontier = self.batch, barrier
         self.batch += 1
+
+    def stopped(self) -> None:
+        """The query stopped: what no request carried goes its own way (the job's close)."""
+        if self.carried_report is not None:
+            self.outbox.queue.put_nowait(self.carried_report)
+        if self.carried_progress is not None:
+            self.listener.queue.put_nowait(self.carried_progress)
+        self.carried_report = self.carried_progress = None
 
     def behind(self) -> None:
         self.lag_slots = (_slot_now() - self.frontier) // INTERVAL_MS
@@ -1640,6 +1677,7 @@ async def _source_job(job: _FleetJob, rec: _Recorder, rng: random.Random) -> Non
             answer = await job.batch_barrier(rec, "source: barrier", {})
             if answer is not None:  # else the next trigger asks again for the same batch
                 await job.commit(answer["barrier"], started)
+        job.stopped()
         job.behind()
     finally:  # also when the driver is cancelled, still waiting after the drain
         grant.cancel()
@@ -1647,9 +1685,14 @@ async def _source_job(job: _FleetJob, rec: _Recorder, rng: random.Random) -> Non
 
 async def _report_in(job: _FleetJob, rec: _Recorder) -> None:
     """The offline grant's heartbeat: the promise is the job's current clock slot (or
-    its last barrier, if later), as ``OfflineBarriers._promise`` makes it."""
+    its last barrier, if later), as ``OfflineBarriers._promise`` makes it; silent in a
+    slot a barrier request carried the promise, for which it waits half a slot."""
     while True:
         await asyncio.sleep(GRANT_EVERY_S)
+        if job.carried_slot >= _slot_now() - INTERVAL_MS:
+            await asyncio.sleep(max(0.0, _slot_now() / 1000 + GRANT_CARRIED_WAIT_S - time.time()))
+        if job.carried_slot >= _slot_now():
+            continue
         promise = max(job.frontier, _slot_now())
         path = f"/jobs/{job.name}/offline-grant"
         await rec.call("source: offline grant", job.http.put(path, json={"floor": promise}))
@@ -1661,8 +1704,9 @@ def _slot_now() -> int:
 
 
 async def _derived_job(job: _FleetJob, rec: _Recorder, rng: random.Random, wait_ms: int) -> None:
-    """Each trigger, every barrier source asks next-barrier in turn; once they agree on
-    a new end: planning, barrier (with the planned start and end), work, report."""
+    """Each trigger, the barrier sources ask next-barrier in turn until one gets a ready
+    end, which the others share; then planning, barrier (with the planned start and
+    end), work, report."""
     while time.time() < rec.end:
         started = time.time()
         ends = set()
@@ -1672,7 +1716,10 @@ async def _derived_job(job: _FleetJob, rec: _Recorder, rng: random.Random, wait_
                 "derived: next-barrier (long poll)",
                 job.http.get(f"/jobs/{job.name}/next-barrier", params=params),
             )
-            ends.add(nxt["barrier"] if nxt is not None and nxt["ready"] else None)
+            ready = nxt is not None and nxt["ready"]
+            ends.add(nxt["barrier"] if ready else None)
+            if ready:  # the job's other sources answer it from the shared file (source.py)
+                break
         end = ends.pop() if len(ends) == 1 else None
         if end is None or end <= job.frontier:
             await asyncio.sleep(SPARK_POLLING_DELAY_S)
@@ -1686,6 +1733,7 @@ async def _derived_job(job: _FleetJob, rec: _Recorder, rng: random.Random, wait_
             job.skip(end)
         else:
             await job.commit(answer["barrier"], started)
+    job.stopped()
     job.behind()
 
 
@@ -1942,7 +1990,18 @@ def fleet_run(
             floor = _healthz_floor(servers, 5.0)
             views = _fleet_views(servers[0].url)
             load_start = _loadavg()
+            # Beside the simulated drivers, real spark_barrier client code counts its
+            # requests per batch under the fleet's load (bench/requests_per_batch.py).
+            counted: dict[str, Any] = {}
+            counting = threading.Thread(
+                target=lambda: counted.update(
+                    requests_per_batch(servers[0].url, min(seconds, 30.0), FLEET_WARMUP_S)
+                ),
+                daemon=True,
+            )
+            counting.start()
             figures = asyncio.run(_drive_fleet(servers, views, seconds, wait_ms, pg_base))
+            counting.join(timeout=120)
     run = {
         "jobs": n_jobs,
         "sources": len(topo.layers[0]),
@@ -1955,9 +2014,24 @@ def fleet_run(
         "loadavg_at_end": _loadavg(),
         "healthz": floor,
         **figures,
+        "requests_per_batch": counted,
     }
     print_fleet_run(run)
     return run
+
+
+def requests_run(pg_base: str, seconds: float) -> dict[str, Any]:
+    """``--part requests``: requests per batch of real spark_barrier client code, alone
+    on a service of its own (PostgreSQL)."""
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-rpb-") as tmp,
+        database("postgres", pg_base, Path(tmp), "rpb") as url,
+        service(url, Path(tmp), 1) as server,
+    ):
+        result = requests_per_batch(server.url, seconds)
+    result["code"] = _git_facts()
+    print_requests_per_batch(result)
+    return result
 
 
 def print_fleet_run(run: dict[str, Any]) -> None:
@@ -1988,6 +2062,8 @@ def print_fleet_run(run: dict[str, Any]) -> None:
     )
     for line in run["error_samples"][:5]:
         print(f"    ! {line}")
+    if run.get("requests_per_batch"):
+        print_requests_per_batch(run["requests_per_batch"])
 
 
 def run_fleet_parts(
@@ -2150,10 +2226,10 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
     parser.add_argument(
         "--part",
-        choices=("writes", "cycles", "reads", "growth", "fleet", "replicas", "all"),
+        choices=("writes", "cycles", "reads", "growth", "fleet", "replicas", "requests", "all"),
         default="all",
-        help="default: all (writes, cycles and reads; growth, fleet and replicas run only "
-        "when asked, on PostgreSQL)",
+        help="default: all (writes, cycles and reads; growth, fleet, replicas and requests "
+        "run only when asked, on PostgreSQL)",
     )
     parser.add_argument(
         "--jobs", type=_ints, default=[1000], help="fleet: job counts (replicas: the last)"
@@ -2210,6 +2286,14 @@ def main() -> None:
         kept = json.loads(out.read_text()) if out.exists() else {}
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({**kept, args.part: result}, indent=2) + "\n")
+        print(f"\nwritten to {out}")
+        return
+    if args.part == "requests":
+        out = args.out or Path("bench/results/service-fleet.json")
+        counted = requests_run(normalise_url(args.pg_url), min(args.seconds, 60.0))
+        kept = json.loads(out.read_text()) if out.exists() else {}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({**kept, "requests_per_batch": counted}, indent=2) + "\n")
         print(f"\nwritten to {out}")
         return
     if args.part == "growth":

@@ -23,6 +23,7 @@ from metaservice.auth.endpoints import router as auth_router
 from metaservice.auth.whoami import router as whoami_router
 from metaservice.barriers.endpoints import router as barriers_router
 from metaservice.barriers.endpoints import writes as barrier_writes_router
+from metaservice.barriers.replica_changes import start_replica_changes
 from metaservice.clock import Clock, SystemClock
 from metaservice.context import Context
 from metaservice.db import Database, database_contended, database_unreachable, schema_behind
@@ -79,9 +80,12 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
         )
         schedule = start_schedule(db, app.state.services.ctx)
         emitting = start_emitting(db, app.state.services.ctx)
+        replicas = start_replica_changes(settings.db_url, app.state.services.changes)
         try:
             yield
         finally:
+            if replicas is not None:
+                replicas.stop()
             if emitting is not None:
                 emitting.stop()
             if schedule is not None:

@@ -26,6 +26,8 @@ from pydantic import BaseModel
 
 from metaservice.barriers.schemas import (
     BatchBarrier,
+    Carried,
+    CarriedBatchBarrier,
     CommitBatchResult,
     CommitReport,
     CommitResult,
@@ -70,12 +72,26 @@ class Unavailable(MetaServiceError):
 
 
 class ApiError(MetaServiceError):
-    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        field: str | None = None,
+        body: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(f"{status} {code}: {message}" + (f" (field {field})" if field else ""))
         self.status = status
         self.code = code
         self.message = message
         self.field = field
+        self.body = body or {}  # the whole error body (a refused barrier's ``carried``)
+
+    @property
+    def carried(self) -> Carried | None:
+        """What became of the parts a refused barrier request carried, if it carried any."""
+        data = self.body.get("carried")
+        return Carried.model_validate(data) if isinstance(data, dict) else None
 
 
 class InvalidRequest(ApiError):
@@ -111,6 +127,7 @@ def _error_for(response: httpx.Response) -> ApiError:
         str(body.get("code", "http_error")),
         str(body.get("message", response.text[:300] or response.reason_phrase)),
         body.get("field"),
+        body,
     )
 
 
@@ -275,7 +292,10 @@ class MetaServiceClient:
         start: int | None = None,
         end: int | None = None,
         query_id: str | None = None,
-    ) -> BatchBarrier:
+        reports: Sequence[CommitReport | dict[str, Any]] | None = None,
+        progress: JobEvent | None = None,
+        floor: int | None = None,
+    ) -> CarriedBatchBarrier:
         """The barrier of a Spark batch (the same answer when the batch is replayed).
 
         ``claim``: the barrier a source job gave the batch itself while offline.
@@ -283,11 +303,24 @@ class MetaServiceClient:
         MetaService did not plan is refused: ``batch_plan_mismatch``, ``empty_range``).
         ``query_id``: the Spark query running the batch (``query_reset`` when the job's
         batches came from another query).
+
+        One request per batch: ``reports`` (the job's earlier commit reports),
+        ``progress`` (its listener event) and ``floor`` (a source job's offline-grant
+        promise) ride along; the answer's ``carried`` says what became of each. A
+        refused barrier raises as before; its error's ``carried`` says the same.
         """
-        fields = {"barrier": claim, "start": start, "end": end, "query_id": query_id}
+        fields: dict[str, Any] = {
+            "barrier": claim, "start": start, "end": end, "query_id": query_id, "floor": floor,
+        }  # fmt: skip
+        if reports:
+            fields["reports"] = [
+                r.model_dump() if isinstance(r, CommitReport) else dict(r) for r in reports
+            ]
+        if progress is not None:
+            fields["progress"] = progress.model_dump(exclude_none=True)
         body = {k: v for k, v in fields.items() if v is not None} or None
         data = self._request("POST", f"/jobs/{job}/batches/{batch_id}/barrier", json=body)
-        return BatchBarrier.model_validate(data)
+        return CarriedBatchBarrier.model_validate(data)
 
     def abandon_batch(self, job: str, batch_id: int) -> BatchBarrier:
         """Give up a dead source driver's open batch (admin): its tables stop waiting for it."""

@@ -31,6 +31,7 @@ from pyspark.sql.types import StructType
 from metaservice.barriers.schemas import BatchBarrier, InputRange
 from metaservice.client import ApiError, ConflictError, MetaServiceClient, Unavailable
 from metaservice.versions.schemas import ConsistentVersion
+from spark_barrier.carry import BatchRequests, carry_seconds
 from spark_barrier.errors import BarrierBatchError, BarrierConfigError, swapped_message
 from spark_barrier.faults import crash_point
 from spark_barrier.iceberg import manifests
@@ -69,7 +70,8 @@ from spark_barrier.steps import log_batch, recording, step
 log = logging.getLogger("spark_barrier")
 
 
-# A source job's trigger: one batch per barrier slot (the default 1 s interval).
+# A source job's trigger: one batch per barrier slot (the service's interval, learnt
+# from its offline grant; this when the job holds none).
 SOURCE_TRIGGER_S = 1.0
 # How long a derived job's barrier source waits in one next-barrier call for its batch
 # to become ready (a long poll; the MetaService answers as soon as it is).
@@ -153,6 +155,8 @@ class BarrierJob:
         aliases: Mapping[str, str] | None = None,
         revision: int | None = None,
         log: JobLog | None = None,
+        requests: BatchRequests | None = None,
+        interval_ms: int | None = None,
     ) -> None:
         self.spark = spark
         self.client = client
@@ -171,6 +175,9 @@ class BarrierJob:
         self.aliases = dict(aliases or {})
         self.revision = revision
         self.log = log  # the outputs' log store (register(log=...)), or None
+        # A batch's barrier request, carrying the job's parts (spark_barrier/carry.py).
+        self.requests = requests or BatchRequests(client, name)
+        self.interval_ms = interval_ms  # the barrier clock's, when the job learnt it
 
     def actual(self, table: str) -> str:
         """The table the job reads or writes for ``table`` as its code names it: in
@@ -228,6 +235,8 @@ class BarrierJob:
             **streamed.options(),
             "patience_s": str(self.patience_s),
             "wait_ms": str(NEXT_BARRIER_WAIT_MS),
+            # One barrier stream per job: its sources share each ready end (source.py).
+            "shared_ends": str(self.state_dir / "next-barrier.json"),
         }
         if self.revision is not None and self.aliases:
             # A revision job's driver started before the swap: an idle source notices it.
@@ -283,13 +292,15 @@ class BarrierJob:
     ) -> StreamingQuery:
         """Start the streaming query named after the job, checkpointed under the state folder.
 
-        ``trigger_seconds`` defaults to 1 s for a source job (one batch per barrier
-        slot) and to 0 for a derived job: its barrier sources long-poll the MetaService
-        for the next batch, so a batch starts as soon as its inputs are final there
-        rather than at the next trigger.
+        ``trigger_seconds`` defaults to the barrier interval for a source job (one
+        batch per barrier slot, each batch's request carrying the last one's report)
+        and to 0 for a derived job: its barrier sources long-poll the MetaService for
+        the next batch, so a batch starts as soon as its inputs are final there rather
+        than at the next trigger.
         """
         if trigger_seconds is None:
-            trigger_seconds = 0.0 if self.inputs else SOURCE_TRIGGER_S
+            source_trigger = self.interval_ms / 1000 if self.interval_ms else SOURCE_TRIGGER_S
+            trigger_seconds = 0.0 if self.inputs else source_trigger
         location = checkpoint or str(self.state_dir / "checkpoint")
         return (
             stream.writeStream.queryName(self.name)
@@ -672,9 +683,7 @@ class BarrierSink:
         start, end = plan.span if plan is not None else (None, None)
         try:
             answer: BatchBarrier = retry(
-                lambda: job.client.batch_barrier(
-                    job.name, batch_id, start=start, end=end, query_id=query_id
-                ),
+                lambda: job.requests.ask(batch_id, start=start, end=end, query_id=query_id),
                 job.patience_s,
                 "get a batch barrier",
             )
@@ -853,6 +862,7 @@ def _release_listener(spark: SparkSession, client: MetaServiceClient, job: str) 
         listener = _listeners.get(key)
         if listener is None:
             return
+        listener.stop_carrying(job)
         listener.jobs.discard(job)
         if listener.jobs:
             return
@@ -978,20 +988,34 @@ def register(
             job_log.close()
             raise
     spark.dataSource.register(BarrierSource)
-    _listener_for(spark, client).jobs.add(job)
+    listener = _listener_for(spark, client)
+    listener.jobs.add(job)
     manifests.install()  # the driver plans and commits every batch: read each manifest once
     state = Path(state_dir or "spark-barrier-state") / job
     state.mkdir(parents=True, exist_ok=True)
     reporter: Reporter
     offline_barriers = None
+    carrying: OutboxReporter | None = None
     if outbox:
         outbox_reporter = OutboxReporter(client, state / "outbox", **(outbox_options or {}))
         if offline and not inputs:
             offline_barriers = OfflineBarriers(client, job, outbox_reporter.outbox, state)
             offline_barriers.report_in()  # reachable: _check_reachable passed
         reporter = outbox_reporter
+        if not inputs:
+            carrying = outbox_reporter  # a derived job's reports go at once (carry.py)
     else:
         reporter = DirectReporter(client, give_up_after_s=patience_s)
+    # One request per batch: the batch's barrier request carries the last batch's
+    # report (source jobs), its progress and the offline-grant promise.
+    interval_ms = offline_barriers.interval_ms if offline_barriers is not None else None
+    carry_s = carry_seconds(interval_ms or int(SOURCE_TRIGGER_S * 1000))
+    if carrying is not None:
+        carrying.carry_s = carry_s
+    listener.carry(job, carry_s)
+    requests = BatchRequests(client, job, carrying, listener, offline_barriers)
+    if offline_barriers is not None:
+        offline_barriers.ask = lambda batch_id, query_id: requests.ask(batch_id, query_id=query_id)
     logging.getLogger(__name__).info(
         "job '%s' registered: inputs %s, outputs %s", job, list(inputs), output_names
     )
@@ -1012,6 +1036,8 @@ def register(
         aliases=aliases,
         revision=revision,
         log=job_log,
+        requests=requests,
+        interval_ms=interval_ms,
     )
 
 

@@ -4,6 +4,12 @@ Callbacks never block Spark: they put the event on a queue and a background thre
 sends it to the MetaService (losing liveness events when it is down is harmless).
 Progress events reach it from their JSON (:class:`spark_barrier.jvm.JsonQueryEvents`),
 not built by pyspark field by field over Py4J.
+
+One request per batch: a job whose barrier requests carry its progress
+(:meth:`BarrierListener.carry`, see ``spark_barrier/carry.py``) has its latest
+progress event held for up to ``carry_s`` for the next request to take
+(:meth:`BarrierListener.take_progress`); one not taken by then, or not recorded, is
+sent from here as before, and so is a held event when its query ends (before the end).
 """
 
 from __future__ import annotations
@@ -33,8 +39,54 @@ class BarrierListener(StreamingQueryListener):
         self._names: dict[str, str] = {}  # query id -> job name
         self._queue: queue.Queue[tuple[str, JobEvent] | None] = queue.Queue(maxsize=10_000)
         self._thread = threading.Thread(target=self._deliver, name="barrier-listener", daemon=True)
-        self._thread.start()
         self._java: Any = None
+        self._carry_s: dict[str, float] = {}  # job -> how long its progress waits
+        self._held: dict[str, tuple[JobEvent, float]] = {}  # job -> (event, held since)
+        self._held_lock = threading.Lock()
+        self._thread.start()
+
+    def carry(self, job: str, seconds: float) -> None:
+        """Hold ``job``'s progress events up to ``seconds`` for its barrier requests."""
+        with self._held_lock:
+            self._carry_s[job] = seconds
+
+    def stop_carrying(self, job: str) -> None:
+        """``job``'s progress goes at once again; a held event is sent now."""
+        self._release_held(job)
+        with self._held_lock:
+            self._carry_s.pop(job, None)
+
+    def take_progress(self, job: str) -> JobEvent | None:
+        """The job's held progress event, for a barrier request to carry (or None)."""
+        with self._held_lock:
+            held = self._held.pop(job, None)
+        return held[0] if held is not None else None
+
+    def give_back(self, job: str, event: JobEvent) -> None:
+        """A progress event a barrier request took but did not get recorded: sent from
+        here (unless a newer one is held, which says more)."""
+        with self._held_lock:
+            if job in self._held:
+                return
+        self._send_now(job, event)
+
+    def _send_now(self, name: str, event: JobEvent) -> None:
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait((name, event))
+
+    def _release_held(self, job: str | None = None) -> None:
+        """Send held events that waited their time (or ``job``'s, whatever its age)."""
+        now = time.monotonic()
+        with self._held_lock:
+            due = [
+                (name, event)
+                for name, (event, since) in self._held.items()
+                if name == job or now - since >= self._carry_s.get(name, 0.0)
+            ]
+            for name, _ in due:
+                del self._held[name]
+        for name, event in due:
+            self._send_now(name, event)
 
     @property
     def _jlistener(self) -> Any:
@@ -44,10 +96,18 @@ class BarrierListener(StreamingQueryListener):
         return self._java
 
     def _put(self, name: str | None, event: JobEvent) -> None:
-        if name in self.jobs:
-            # Liveness only: dropping an event is better than stalling Spark.
-            with contextlib.suppress(queue.Full):
-                self._queue.put_nowait((name, event))
+        if name not in self.jobs:
+            return
+        assert name is not None
+        if event.event == "progress":
+            with self._held_lock:
+                if name in self._carry_s:
+                    self._held[name] = (event, self._held.get(name, (event, time.monotonic()))[1])
+                    return
+        else:
+            self._release_held(name)  # a query's end comes after its last progress
+        # Liveness only: dropping an event is better than stalling Spark.
+        self._send_now(name, event)
 
     def onQueryStarted(self, event: Any) -> None:
         self._names[str(event.id)] = event.name
@@ -85,7 +145,11 @@ class BarrierListener(StreamingQueryListener):
 
     def _deliver(self) -> None:
         while True:
-            item = self._queue.get()
+            try:
+                item = self._queue.get(timeout=0.1)  # and send held events that waited their time
+            except queue.Empty:
+                self._release_held()
+                continue
             if item is None:
                 return
             name, event = item
@@ -104,6 +168,10 @@ class BarrierListener(StreamingQueryListener):
 
     def drain(self, timeout: float = 5.0) -> bool:
         """Wait until every queued event was sent (tests, clean shutdown)."""
+        with self._held_lock:
+            held = list(self._held)
+        for job in held:
+            self._release_held(job)
         deadline = time.monotonic() + timeout
         while self._queue.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.02)

@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from metaservice.barriers.schemas import BatchBarrier, OfflineGrant
 from metaservice.client import ApiError, MetaServiceClient, Unavailable
 from metaservice.clock import Clock, SystemClock
 from metaservice.contract import slot_of
@@ -59,6 +60,10 @@ _STATE_FILE = "offline.json"
 # jitter spreads a fleet's reports.
 SLOT_REPORT_MARGIN_MS = 20
 SLOT_REPORT_JITTER_MS = 30
+# A job whose barrier requests carry its promise (spark_barrier/carry.py) reports in
+# with its batches: its heartbeat then waits this share of a slot past the slot's start
+# for the batch's request, and sends nothing in a slot a request already reported in.
+CARRIED_WAIT_SHARE = 0.5
 # Room a claim keeps free in the outbox for its batch's commit reports (about 140
 # bytes per output table), so that a full outbox stops the job before it commits a
 # batch whose report could not be written, not after.
@@ -118,6 +123,13 @@ class OfflineBarriers:
         self._claims: dict[int, int] = {}  # batch id -> barrier, claimed and maybe undelivered
         self._control_seq = 0  # outbox sequence number of the latest claim or release
         self._offline_logged = False
+        self._reported_slot = -1  # the service's slot of the latest report (either path)
+        self._carried_slot = -1  # ... of the latest promise a barrier request carried
+        # How a batch asks the MetaService for its barrier (carry.BatchRequests.ask, which
+        # carries the job's parts, once the job wires it).
+        self.ask: Callable[[int, str | None], BatchBarrier] = lambda batch_id, query_id: (
+            self.client.batch_barrier(self.job, batch_id, query_id=query_id)
+        )
         self._recover_claims()
         self._stop = threading.Event()
         self._heartbeat_s = heartbeat_s
@@ -141,10 +153,7 @@ class OfflineBarriers:
         if not self.controls_pending():
             wait = self.offline_after_s if self.granted else patience_s
             try:
-                answer = _retry(
-                    lambda: self.client.batch_barrier(self.job, batch_id, query_id=query_id),
-                    wait,
-                )
+                answer = _retry(lambda: self.ask(batch_id, query_id), wait)
             except Unavailable as exc:
                 if not self.granted:
                     raise self._no_grant() from exc
@@ -210,7 +219,35 @@ class OfflineBarriers:
                 _save(self._state_path, self._state)  # the promise holds across a crash
         sent = self.clock.now_ms()
         grant = self.client.offline_grant(self.job, promise)
-        received = self.clock.now_ms()
+        self._granted(promise, grant, sent, self.clock.now_ms())
+        return True
+
+    # -- a promise carried by a barrier request (spark_barrier/carry.py) ---------------
+    def promise_to_carry(self) -> int | None:
+        """The promise a barrier request may carry (as :meth:`report_in` makes it, held
+        across a crash); None while claims are undelivered or before the first grant."""
+        with self._lock:
+            if self.controls_pending() or self._state is None:
+                return None
+            promise = self._promise()
+            self._state.floor = promise
+            _save(self._state_path, self._state)
+            return promise
+
+    def carried(self, promise: int, grant: OfflineGrant, sent_ms: int, received_ms: int) -> None:
+        """A barrier request carried ``promise`` and renewed the grant: the heartbeat
+        sends nothing more this slot."""
+        self._granted(promise, grant, sent_ms, received_ms)
+        with self._lock:
+            self._carried_slot = grant.barrier
+
+    @property
+    def interval_ms(self) -> int | None:
+        """The barrier clock's slot width, as the grants taught it."""
+        with self._lock:
+            return self._state.interval_ms if self._state is not None else None
+
+    def _granted(self, promise: int, grant: OfflineGrant, sent: int, received: int) -> None:
         with self._lock:
             state = GrantState(
                 floor=max(promise, grant.barrier, self._state.floor if self._state else 0),
@@ -218,11 +255,11 @@ class OfflineBarriers:
                 interval_ms=grant.interval_ms,
             )
             self._state = state
+            self._reported_slot = max(self._reported_slot, grant.barrier)
             _save(self._state_path, state)
         if self._offline_logged:
             log.info("job %s reports to the MetaService again", self.job)
             self._offline_logged = False
-        return True
 
     def close(self, release: bool = True) -> None:
         """Stop reporting in; with ``release``, give the grant back through the outbox
@@ -278,12 +315,31 @@ class OfflineBarriers:
         if state is None or self._heartbeat_s * 1000 > state.interval_ms:
             return self._heartbeat_s
         now = self.clock.now_ms() + state.offset_ms
-        next_slot = slot_of(now, state.interval_ms) + state.interval_ms
-        at = next_slot + SLOT_REPORT_MARGIN_MS + random.uniform(0, SLOT_REPORT_JITTER_MS)
+        slot = slot_of(now, state.interval_ms)
+        next_slot = slot + state.interval_ms
+        margin = SLOT_REPORT_MARGIN_MS + random.uniform(0, SLOT_REPORT_JITTER_MS)
+        with self._lock:
+            carrying = self._carried_slot >= slot - state.interval_ms
+        at = next_slot + margin
+        if carrying:  # the next batch's request will likely report in: give it time
+            return (next_slot + max(margin, state.interval_ms * CARRIED_WAIT_SHARE) - now) / 1000
         return min(self._heartbeat_s, (at - now) / 1000)
+
+    def _reported_this_slot(self) -> bool:
+        """Whether a report (a heartbeat, or a promise a barrier request carried) already
+        reached the service in its current slot: at most one heartbeat a slot, and none
+        in a slot a request reported in."""
+        with self._lock:
+            state = self._state
+            if state is None:
+                return False
+            now = self.clock.now_ms() + state.offset_ms
+            return self._reported_slot >= slot_of(now, state.interval_ms)
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(self._until_next_report_s()):
+            if self._reported_this_slot():
+                continue
             try:
                 self.report_in()
             except Unavailable as exc:

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from metaservice.client import ApiError, MetaServiceClient, Unavailable
 from spark_barrier.offline import CLAIM, RELEASE
-from spark_barrier.outbox import Deliverer, Outbox
+from spark_barrier.outbox import Deliverer, Entry, Outbox
 
 log = logging.getLogger("spark_barrier.report")
 
@@ -47,15 +47,43 @@ class Reporter(Protocol):
 
 class OutboxReporter:
     """Appends each report to a local write-ahead log (fsync) and delivers it in the
-    background, in order, retrying while the MetaService is unreachable."""
+    background, in order, retrying while the MetaService is unreachable.
+
+    With ``carry_s`` (a source job: see ``spark_barrier/carry.py``), a report waits up
+    to that long for the job's next barrier request to carry it; one that request does
+    not deliver is sent from here, as any other.
+    """
 
     def __init__(
-        self, client: MetaServiceClient, directory: str | Path, **outbox_options: Any
+        self,
+        client: MetaServiceClient,
+        directory: str | Path,
+        *,
+        carry_s: float = 0.0,
+        **outbox_options: Any,
     ) -> None:
         self.client = client
+        self.carry_s = carry_s
         self.outbox = Outbox(directory, **outbox_options)
         self.deliverer = Deliverer(self.outbox, self._send, name=f"outbox:{Path(directory).name}")
         self.deliverer.start()
+
+    # -- the barrier request's path (spark_barrier/carry.py) -----------------------
+
+    def take_reports(self, job: str, limit: int = 100) -> list[Entry]:
+        """The oldest undelivered records, if they are ``job``'s commit reports (a claim
+        or a release goes first, from here), for a barrier request to carry."""
+        if self.carry_s <= 0:
+            return []
+        return self.deliverer.take(
+            limit, lambda r: r.get("kind", COMMIT) == COMMIT and r.get("job") == job
+        )
+
+    def settle(self, taken: list[Entry], acknowledged: bool) -> None:
+        """What became of the records :meth:`take_reports` gave: acknowledged by the
+        MetaService (delivered), or not (sent from here now)."""
+        if taken:
+            self.deliverer.settle(taken[-1].seq, acknowledged)
 
     def _send(self, batch: list[dict[str, Any]]) -> None:
         """Deliver records in order, in as few requests as that order allows.
@@ -112,6 +140,9 @@ class OutboxReporter:
                 self._send_or_split([record], send)
 
     def report(self, report: dict[str, Any]) -> None:
+        if self.carry_s > 0:
+            # Held before it is appended: the deliverer wakes at the append.
+            self.deliverer.hold(self.outbox.last_seq + 1, self.carry_s)
         self.outbox.append(report)
 
     def flush(self, timeout: float | None = None) -> bool:

@@ -12,6 +12,13 @@ of a job asks for the end of the batch starting after its start offset ``a``
 same ``b`` for the same ``a`` once one is ready, and keeps a "not ready" answer
 until the same source asks again, so all inputs of a batch end at the same barrier.
 
+One barrier stream per job, not one per input: a ready end is final for its start,
+so the first source of a trigger to get one writes it to a file in the job's state
+folder (option ``shared_ends``; each source runs in a Python worker of its own on the
+driver), and the job's other sources starting at the same ``a`` answer it from there
+without asking. A "not ready" is never shared: each source asks, and the service's
+round keeps the sources of one trigger agreeing.
+
 It only gives Spark offsets: a batch's partitions are one empty partition, and no
 input row ever passes through a Python worker. The batch's rows are read by the
 sink (``spark_barrier.job.BarrierSink``), which knows the planned ``(a, b]`` from
@@ -25,9 +32,12 @@ sink from the plan.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -47,6 +57,9 @@ _REQUIRED = ("url", "job", "table", "catalog")
 # got an end while another could not ask; the sink refuses such a batch loudly.
 UNAVAILABLE_WAIT_S = 10.0
 SWAP_CHECK_EVERY_S = 5.0
+# A shared end older than this is not used (the sources of one trigger ask within
+# moments of each other; an old file may be another run's).
+SHARED_END_TTL_S = 60.0
 
 
 class NoRows(InputPartition):
@@ -112,6 +125,8 @@ class BarrierStreamReader(DataSourceStreamReader):
         self._swap_checked = 0.0
         self._client: Any = None
         self._unavailable_logged = False
+        shared = options.get("shared_ends")
+        self.shared_ends = Path(shared) if shared else None
 
     # Driver side: offsets are {"barrier": int}. ------------------------------
     def _ms(self) -> Any:
@@ -138,6 +153,9 @@ class BarrierStreamReader(DataSourceStreamReader):
         from spark_barrier.report import retry
 
         after = int(start["barrier"])
+        shared = self._shared_end(after)
+        if shared is not None:
+            return {"barrier": shared}
         try:
             answer = retry(
                 lambda: self._ms().next_barrier(
@@ -167,7 +185,35 @@ class BarrierStreamReader(DataSourceStreamReader):
                 f"the MetaService answered barrier {answer.barrier} for job {self.job}'s "
                 f"batch after {after}: barriers never go back"
             )
+        if answer.ready and answer.barrier > after:
+            self._share_end(after, answer.barrier)
         return {"barrier": answer.barrier}
+
+    def _shared_end(self, after: int) -> int | None:
+        """The ready end another source of the job got for the batch after ``after``."""
+        if self.shared_ends is None:
+            return None
+        try:
+            doc = json.loads(self.shared_ends.read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(doc, dict) or doc.get("job") != self.job or doc.get("after") != after:
+            return None
+        end, at = doc.get("barrier"), doc.get("at")
+        if not isinstance(end, int) or end <= after or not isinstance(at, (int, float)):
+            return None
+        return end if 0 <= time.time() - at < SHARED_END_TTL_S else None
+
+    def _share_end(self, after: int, end: int) -> None:
+        if self.shared_ends is None:
+            return
+        doc = {"job": self.job, "after": after, "barrier": end, "at": time.time()}
+        tmp = self.shared_ends.with_name(f"{self.shared_ends.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps(doc))
+            os.replace(tmp, self.shared_ends)  # readers see the old answer or the new one
+        except OSError as exc:
+            log.debug("job %s could not share its next end: %s", self.job, exc)
 
     def _stop_if_swapped(self) -> None:
         if self.revision is None or time.monotonic() - self._swap_checked < SWAP_CHECK_EVERY_S:

@@ -11,15 +11,17 @@ committed; a poll waits on the names of the jobs it depends on::
     await changes.wait(["src_a", "src_b"], since=seen, timeout=0.5)
 
 A change that lands between :meth:`mark` and :meth:`wait` is not lost: ``wait``
-returns at once. Only this replica's changes are seen (and not every write path
-notifies); the poll looks again on its own after a short timeout, which covers
-other replicas and the clock (an idle source's frontier moves with time alone).
+returns at once. On PostgreSQL, other replicas' changes arrive too
+(:mod:`~metaservice.barriers.replica_changes`: ``LISTEN/NOTIFY``, sent after commit and
+coalesced). Not every write path notifies; the poll looks again on its own after a
+short timeout (the resync), which covers those and the clock (an idle source's
+frontier moves with time alone).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 
 class Changes:
@@ -34,18 +36,24 @@ class Changes:
         self._moved_at: dict[str, int] = {}  # job name -> generation of its last change
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Told of this replica's own changes, to pass them to the others (on PostgreSQL).
+        self.on_local: Callable[[list[str]], None] | None = None
 
     def mark(self) -> int:
         """The current generation: pass it to :meth:`wait` as ``since``."""
         return self._generation
 
-    def notify(self, names: Iterable[str]) -> None:
-        """These jobs moved (their transaction committed): wake whoever waits on them."""
+    def notify(self, names: Iterable[str], *, remote: bool = False) -> None:
+        """These jobs moved (their transaction committed): wake whoever waits on them.
+        ``remote``: told by another replica (not passed on again)."""
+        names = list(names)
         self._generation += 1
         for name in names:
             self._moved_at[name] = self._generation
             for event in self._waiters.get(name, ()):
                 event.set()
+        if not remote and names and self.on_local is not None:
+            self.on_local(names)
 
     def notify_threadsafe(self, names: Iterable[str]) -> None:
         """:meth:`notify` from a worker thread (a plain ``def`` endpoint)."""

@@ -5,14 +5,25 @@ import time
 from functools import partial
 
 from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
+from fastapi.responses import JSONResponse
 
 from metaservice.auth.schemas import Role
 from metaservice.auth.service import Caller, check_job_scope
-from metaservice.barriers import batches, derived_plans, offline, ranges, reports, source_batches
+from metaservice.barriers import (
+    batches,
+    carried,
+    derived_plans,
+    offline,
+    ranges,
+    reports,
+    source_batches,
+)
 from metaservice.barriers.schemas import (
     MAX_SIGNED_64,
     BatchBarrier,
     BatchRequest,
+    Carried,
+    CarriedBatchBarrier,
     ClaimBatch,
     ClaimBatchResult,
     CommitBatch,
@@ -26,7 +37,7 @@ from metaservice.barriers.schemas import (
 )
 from metaservice.db import POLL, URGENT
 from metaservice.deps import Services, caller, json_response, require, services, services_of
-from metaservice.errors import TooLarge
+from metaservice.errors import Invalid, ServiceError, TooLarge
 from metaservice.metrics import BARRIERS, COMMITS
 from metaservice.schemas_common import error_responses
 
@@ -46,7 +57,7 @@ writes = APIRouter(tags=["barriers"], dependencies=[require(Role.WRITER)])
 
 @writes.post(
     "/jobs/{job}/batches/{batch_id}/barrier",
-    response_model=BatchBarrier,
+    response_model=CarriedBatchBarrier,
     responses=error_responses(400, 404, 409),
 )
 async def batch_barrier(
@@ -70,9 +81,25 @@ async def batch_barrier(
     job's earlier batches is refused (409 `query_reset`). With `barrier`, a source
     job claims the barrier it chose offline (409 when the claim contradicts what is
     recorded).
+
+    One request per batch: the request may carry the job's earlier commit `reports`
+    (batch k's on batch k+1's request), its listener `progress` event and a source
+    job's offline-grant promise (`floor`). Each is applied as its own request would
+    apply it and answered on its own in `carried` (a refused part is named there with
+    its error, and refuses nothing else); with a refused barrier, the error's body
+    holds `carried` too.
     """
     s = services_of(http)
     claimed = request.barrier if request is not None else None
+    if request is not None and request.carries():
+        if claimed is not None:
+            raise Invalid(
+                "an offline claim carries nothing else: its outbox delivers the batch's "
+                "reports after it (POST /commits/batch)",
+                field="barrier",
+                code="claim_carries",
+            )
+        return await _barrier_carrying(s, job, batch_id, request)
     if claimed is None:
         result = await s.db.write_async(
             lambda session: batches.batch_barrier(session, s.ctx, job, batch_id, request), URGENT
@@ -86,6 +113,40 @@ async def batch_barrier(
     if result.start_barrier is None:
         s.changes.notify([job])  # a source's new batch may move its frontier
     return json_response(result)
+
+
+async def _barrier_carrying(
+    s: Services, job: str, batch_id: int, request: BatchRequest
+) -> Response:
+    """:func:`batch_barrier` of a request carrying parts (see ``barriers/carried.py``)."""
+    try:
+        result = await s.db.write_async(
+            lambda session: carried.barrier_carrying(session, s.ctx, job, batch_id, request),
+            URGENT,
+        )
+    except ServiceError as refusal:
+        # The barrier is refused; its transaction rolled back. The other parts are
+        # applied on their own, and answered beside the error.
+        parts = await s.db.write_async(
+            lambda session: carried.parts_only(session, s.ctx, job, request), URGENT
+        )
+        _count_carried(parts)
+        if carried.moved(parts):
+            s.changes.notify([job])
+        body = {**refusal.to_dict(), "carried": parts.model_dump(mode="json")}
+        return JSONResponse(body, status_code=refusal.status, headers=refusal.headers)
+    BARRIERS.inc()
+    assert result.carried is not None
+    _count_carried(result.carried)
+    if result.start_barrier is None or carried.moved(result.carried):
+        s.changes.notify([job])  # a new batch, a completed one or a floor may move frontiers
+    return json_response(result)
+
+
+def _count_carried(parts: Carried) -> None:
+    if parts.reports is not None:
+        COMMITS.labels(result="recorded").inc(parts.reports.recorded)
+        COMMITS.labels(result="duplicate").inc(parts.reports.duplicates)
 
 
 @router.post(

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from metaservice.topology.schemas import JobEvent
+
 MAX_SIGNED_64 = 2**63 - 1
 
 
@@ -91,6 +93,58 @@ class BatchRequest(BaseModel):
     query_id: str | None = Field(
         None, min_length=1, max_length=64, description="The Spark query (checkpoint) identity"
     )
+    # What the request carries besides (one request per batch): each part is applied and
+    # answered on its own, in ``carried`` (barriers/carried.py).
+    reports: list[CommitReport] | None = Field(
+        None,
+        min_length=1,
+        description="Commit reports of the job's earlier batches (batch k's, on batch k+1's "
+        "request), recorded as `POST /commits/batch` records them, all or nothing, before "
+        "the barrier; a refusal refuses only them",
+    )
+    progress: JobEvent | None = Field(
+        None, description="The listener's event of the job's query (`POST /jobs/{job}/events`)"
+    )
+    floor: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_SIGNED_64,
+        description="A source job's offline-grant promise (`PUT /jobs/{job}/offline-grant`), "
+        "taken after the barrier",
+    )
+
+    def carries(self) -> bool:
+        return self.reports is not None or self.progress is not None or self.floor is not None
+
+
+class PartRefused(BaseModel):
+    """A carried part the MetaService refused: the error its own request would have got."""
+
+    status: int
+    code: str
+    message: str
+    field: str | None = None
+
+
+class Carried(BaseModel):
+    """What became of each part a barrier request carried, each on its own: a part left
+    out of the request is absent here, a refused one has its ``..._refused``."""
+
+    reports: CommitBatchResult | None = Field(
+        None, description="The carried reports, recorded (or duplicates of recorded ones)"
+    )
+    reports_refused: PartRefused | None = None
+    progress: bool | None = Field(None, description="True: the event was recorded")
+    progress_refused: PartRefused | None = None
+    grant: OfflineGrant | None = Field(None, description="The offline grant the promise renewed")
+    grant_refused: PartRefused | None = None
+
+
+class CarriedBatchBarrier(BatchBarrier):
+    """A batch's barrier, and what became of the parts its request carried (``carried``
+    is absent when the request carried none)."""
+
+    carried: Carried | None = None
 
 
 class ClaimedBarrier(BaseModel):
@@ -131,3 +185,7 @@ class OfflineGrant(BaseModel):
     barrier: int = Field(description="The barrier clock's current slot")
     now_ms: int = Field(description="The MetaService's clock, to correct the job's clock offset")
     interval_ms: int = Field(description="Width of one barrier-clock slot")
+
+
+Carried.model_rebuild()
+CarriedBatchBarrier.model_rebuild()

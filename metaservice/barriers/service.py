@@ -16,7 +16,12 @@ re-exports what other packages import from it):
 - :mod:`~metaservice.barriers.reports`: commit reports, batch completion and the
   commit fence (:func:`~metaservice.barriers.reports.fence`);
 - :mod:`~metaservice.barriers.offline`: offline grants and claims;
-- :mod:`~metaservice.barriers.frontiers`: frontiers, sealing and alignment.
+- :mod:`~metaservice.barriers.frontiers`: frontiers, sealing and alignment;
+- :mod:`~metaservice.barriers.carried`: one request per batch, a barrier request
+  carrying the job's reports, progress and promise, each part answered on its own;
+- :mod:`~metaservice.barriers.changes` and
+  :mod:`~metaservice.barriers.replica_changes`: long-poll wake-ups on a replica and
+  across replicas (``LISTEN/NOTIFY``).
 
 Every rule runs inside one write transaction and starts by locking the job's row,
 which serialises all changes to one job's progress across threads and replicas.

@@ -83,6 +83,44 @@ def test_a_long_poll_on_another_replica_answers_soon_after_the_report(pg_url, cl
         assert time.monotonic() - reported < 5, "the other replica's poll waited out wait_ms"
 
 
+def test_a_report_on_one_replica_wakes_a_long_poll_on_another(pg_url, clock, monkeypatch):
+    # Looking again on its own only every 10 s: an answer well before that came from
+    # the other replica's NOTIFY (metaservice/barriers/replica_changes.py).
+    monkeypatch.setattr(endpoints, "NEXT_BARRIER_RECHECK_S", 10.0)
+    upgrade(pg_url)
+    with custom_client(pg_url, clock) as one, custom_client(pg_url, clock) as other:
+        for replica in (one, other):
+            replicas = replica.app.state.services.changes.on_local.__self__  # type: ignore[attr-defined,union-attr]
+            assert replicas.listening.wait(10), "the replica does not listen"
+        b0 = two_layers(one, clock)
+        thread, answers = in_thread(
+            lambda: next_barrier(other, "d2", after=0, source="dw.a", wait_ms=20_000)
+        )
+        time.sleep(1.0)
+        assert not answers
+        commit(one, "d1", 0, b0, "dw.a", 11)
+        reported = time.monotonic()
+        thread.join(timeout=15)
+        assert answers and answers[0]["ready"] and answers[0]["barrier"] == b0, answers
+        assert time.monotonic() - reported < 3, "the other replica's poll was not woken"
+
+
+def test_replicas_of_other_schemas_do_not_hear_each_other(pg_url, clock):
+    from sqlalchemy import create_engine
+
+    from metaservice.barriers.replica_changes import ReplicaChanges, channel_for
+
+    upgrade(pg_url)
+    with custom_client(pg_url, clock) as one:
+        mine = one.app.state.services.changes.on_local.__self__  # type: ignore[union-attr]
+        assert isinstance(mine, ReplicaChanges)
+        engine = create_engine(pg_url)
+        with engine.connect() as conn:
+            schema = conn.exec_driver_sql("SELECT current_schema()").scalar_one()
+        engine.dispose()
+        assert mine.channel == channel_for(schema) != channel_for(schema + "x")
+
+
 @contextmanager
 def rows_locked(db_url: str) -> Iterator[None]:
     """Every job row locked by another transaction (PostgreSQL: FOR UPDATE; SQLite: the

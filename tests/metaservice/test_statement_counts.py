@@ -25,6 +25,10 @@ from tests.metaservice.helpers import API, SLOT, barrier, commit, put_job, repor
 BOUNDS: dict[str, tuple[int, int]] = {
     "source barrier": (7, 6),
     "source report": (7, 6),
+    # One request per batch: batch k+1's barrier carrying batch k's report, the
+    # listener's progress and the offline-grant promise, in one transaction; the four
+    # requests it replaces sent 7 + 7 + 3 + 3 (SQLite) and 6 + 6 + 2 + 2 (PostgreSQL)
+    "source barrier carrying report, progress, promise": (17, 16),
     "derived barrier": (9, 8),
     "derived report": (8, 7),
     "next-barrier": (11, 10),
@@ -115,6 +119,26 @@ def test_source_batch_cycle(client, clock, db_url):
     assert result["status"] == "recorded" and result["batch_committed"]
     check(client, db_url, "source barrier", n_barrier)
     check(client, db_url, "source report", n_report)
+
+
+def test_source_batch_carrying_its_predecessors_parts(client, clock, db_url):
+    put_job(client, "src", outputs=["ods.a"])
+    for batch_id in range(3):  # warm up: the first batch and slot differ
+        b = barrier(client, "src", batch_id)["barrier"]
+        commit(client, "src", batch_id, b, "ods.a", 100 + batch_id)
+        clock.advance(SLOT)
+    b3 = barrier(client, "src", 3)["barrier"]
+    clock.advance(SLOT)
+    body = {
+        "query_id": "q",
+        "reports": [report("src", 3, b3, "ods.a", 103)],
+        "progress": {"event": "progress", "run_id": "r", "batch_id": 3},
+        "floor": b3 + SLOT,
+    }
+    view, n = counted(client, lambda: post_ok(client, "/jobs/src/batches/4/barrier", body))
+    carried = view["carried"]
+    assert carried["reports"]["recorded"] == 1 and carried["progress"] and carried["grant"]
+    check(client, db_url, "source barrier carrying report, progress, promise", n)
 
 
 def _derived_pipeline(client, clock) -> None:

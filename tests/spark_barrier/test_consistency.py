@@ -203,6 +203,9 @@ def test_a_reset_checkpoint_fails_fast_and_commits_nothing(
     finally:
         spark_barrier.stop_between_batches(query)
     before = list_stamped_snapshots(service.catalog.load_table("ods.reset"))
+    # The last batch's report waits in the outbox for the next batch's barrier request
+    # (one request per batch): delivered first, so that it is counted here.
+    assert ingest.reporter.flush(30)
     reported = service.client.table_snapshots("ods.reset", limit=1000).total
 
     # The same job, a new checkpoint: Spark numbers its batches from 0 again.

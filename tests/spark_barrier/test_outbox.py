@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import spark_barrier.outbox as outbox_mod
+import spark_barrier.outbox.log as outbox_mod  # where the log writes and syncs
 from spark_barrier.outbox import (
     HEADER_BYTES,
     Deliverer,
