@@ -159,7 +159,9 @@ class ReplicaChanges:
     def _connect(self) -> Any:
         """A connection of its own (no pool), in autocommit: a NOTIFY goes at once."""
         raw = self._engine.raw_connection()
-        raw.driver_connection.autocommit = True
+        driver = raw.driver_connection
+        assert driver is not None  # a connection just opened has its driver's
+        driver.autocommit = True
         return raw
 
     @staticmethod
