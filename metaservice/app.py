@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from metaservice import __version__
 from metaservice.auth.endpoints import router as auth_router
 from metaservice.auth.whoami import router as whoami_router
+from metaservice.barriers.advancer import start_advancer
 from metaservice.barriers.endpoints import router as barriers_router
 from metaservice.barriers.endpoints import writes as barrier_writes_router
 from metaservice.clock import Clock, SystemClock
@@ -79,9 +80,12 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
         )
         schedule = start_schedule(db, app.state.services.ctx)
         emitting = start_emitting(db, app.state.services.ctx)
+        advancer = start_advancer(db, app.state.services.ctx)
         try:
             yield
         finally:
+            if advancer is not None:
+                advancer.stop()
             if emitting is not None:
                 emitting.stop()
             if schedule is not None:

@@ -182,9 +182,10 @@ def _check_reached(
 ) -> None:
     jobs = {j.id: j for j in writers.values()}
     # Not sealed (a revision that fails changes nothing): an idle source's frontier is the
-    # last closed slot, which no batch can get a barrier in any more (new batches get the
-    # current slot, offline ones stay above the grant's floor, which ``frontiers`` heeds).
-    front = fr.frontiers(session, ctx, list(jobs.values()), sealed_only=False)
+    # watermark's, which no batch can get a barrier at or below any more (new batches get
+    # a barrier above it, offline ones stay above the grant's floor, which ``frontiers``
+    # heeds: barriers/watermark.py).
+    front = fr.shown_frontiers(session, ctx, list(jobs.values()))
     for name, job in sorted(writers.items()):
         if front[job.id] < from_barrier:
             raise Conflict(
@@ -440,7 +441,7 @@ def _views(session: Session, ctx: Context, revisions: list[Revision]) -> list[Re
     wanted |= {revision_job_name(a.writer, r) for r, rows in affected.items() for a in rows}
     jobs = {name: topo.job_by_name(session, name) for name in sorted(wanted)}
     known = [j for j in jobs.values() if j is not None]
-    front = fr.frontiers(session, ctx, known, sealed_only=False)
+    front = fr.shown_frontiers(session, ctx, known)
     inputs = {j.name: [t.name for t in topo.input_tables(session, j.id)] for j in known}
     views = []
     for r in revisions:
