@@ -24,7 +24,9 @@ from tests.metaservice.helpers import API, SLOT, barrier, commit, put_job, repor
 
 # operation -> (SQLite, PostgreSQL) upper bounds
 BOUNDS: dict[str, tuple[int, int]] = {
-    "source barrier": (7, 6),
+    # on PostgreSQL the watermark's advisory lock, taken shared before S is read (issue
+    # 32: a consistent-version read no longer seals, test_reads_never_write.py)
+    "source barrier": (7, 7),
     "source report": (7, 6),
     "derived barrier": (9, 8),
     "derived report": (8, 7),
@@ -39,8 +41,11 @@ BOUNDS: dict[str, tuple[int, int]] = {
     # their writers in one statement (it sent 13 / 11)
     "consistent version, 50 tables": (9, 8),
     # The idle upstream is advanced with a statement or two per step for the whole
-    # closure, not about 12 per job and path to it (it sent 463 / 462, then 25 / 22)
-    "consistent version, 50 tables, sealing": (22, 19),
+    # closure, not about 12 per job and path to it (it sent 463 / 462, then 25 / 22).
+    # Where readers catch up (no advancer: a ManualClock), the write step raises the
+    # watermark under its exclusive lock (one more on PostgreSQL) instead of sealing
+    # sources; with the advancer, the read writes nothing (test_reads_never_write.py)
+    "consistent version, 50 tables, sealing": (22, 20),
     # six diamonds (64 paths): as many statements as a chain as deep; most are the
     # read that decides to write (could_advance walks a layer at a time, 12 layers)
     "consistent version, stacked diamonds, sealing": (57, 54),
