@@ -80,7 +80,7 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
         )
         schedule = start_schedule(db, app.state.services.ctx)
         emitting = start_emitting(db, app.state.services.ctx)
-        advancer = start_advancer(db, app.state.services.ctx)
+        advancer = app.state.advancer = start_advancer(db, app.state.services.ctx)
         try:
             yield
         finally:

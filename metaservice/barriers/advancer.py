@@ -97,7 +97,7 @@ class Advancer:
 
     def _leads(self) -> bool:
         if self.db.engine.dialect.name != "postgresql":
-            return True  # one process per SQLite database
+            return True  # SQLite: every process ticks (writers are serialised; harmless)
         if self._leader is not None:
             self._leader.execute(select(1))  # still connected (else: resign, try again)
             return True

@@ -2075,10 +2075,12 @@ class Simulation:
         if self._advancer is not None:
             # A derived job's own round seals the idle sources it reads up to its
             # replica's closed slot (below an offline floor), ahead of the watermark
-            # the tables show: at most the newest replica's closed slot.
+            # the tables show: at most the newest replica's closed slot; with replicas
+            # it also advances idle derived inputs up to there (a replica whose clock
+            # is ahead of the one that last advanced them).
             for t in inputs:
                 writer = self.topo.writer(t) if t in self.topo.tables else None
-                if writer is not None and writer.is_source:
+                if writer is not None and (writer.is_source or len(self.clocks) > 1):
                     floor = self.jobs[writer.name].floor
                     sealable = self.slot_high() - self.interval
                     if floor is not None:

@@ -181,3 +181,43 @@ def test_a_replica_behind_the_raiser_still_gives_barriers_above_the_watermark(db
         commit(b, "src", 1, got, "ods.src", 2)
         r = b.get(f"{API}/versions/consistent", params={"tables": "ods.src"})
         assert r.status_code == 200 and r.json()["barrier"] >= raised, r.text
+
+
+def test_the_background_advancer_raises_the_watermark_each_slot(db_url):
+    """On the system clock the app's lifespan runs the advancer: S follows the last
+    closed slot, and idle derived jobs are advanced, with no read at all; of two
+    replicas on PostgreSQL one leads."""
+    import time
+
+    from metaservice.app import create_app
+    from metaservice.settings import Settings
+
+    settings = Settings(db_url=db_url, barrier_interval_ms=100)
+    with TestClient(create_app(settings)) as a, TestClient(create_app(settings)) as b:
+        put_job(a, "src", outputs=["ods.src"])
+        put_job(a, "der", inputs=["ods.src"], outputs=["dw.der"])
+        commit(a, "src", 0, barrier(a, "src", 0)["barrier"], "ods.src", 1)
+        time.sleep(0.25)
+        nxt = next_barrier(a, "der")
+        assert nxt["ready"], nxt
+        r = a.post(
+            f"{API}/jobs/der/batches/0/barrier",
+            json={"start": nxt["start_barrier"], "end": nxt["barrier"]},
+        )
+        assert r.status_code == 200, r.text
+        commit(a, "der", 0, r.json()["barrier"], "dw.der", 2)
+        first = a.get(f"{API}/jobs/der").json()["frontier"]
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            shown = b.get(f"{API}/jobs/der").json()["frontier"]
+            if shown > first + 200:
+                break
+        assert shown > first + 200, (first, shown)  # advanced while idle, by the advancer
+        source = b.get(f"{API}/jobs/src").json()["frontier"]
+        assert time.time() * 1000 - source < 1_000, source  # S follows the clock
+        runners = [c.app.state.services for c in (a, b)]  # type: ignore[attr-defined]
+        assert all(s.ctx.idle_advance == "background" for s in runners)
+        if not db_url.startswith("sqlite"):
+            advancers = [c.app.state.advancer for c in (a, b)]  # type: ignore[attr-defined]
+            assert sorted(x._leader is not None for x in advancers) == [False, True]
