@@ -25,6 +25,8 @@ import threading
 from dataclasses import dataclass
 
 from sqlalchemy import Connection, func, select
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session
 
 from metaservice.barriers import watermark
@@ -91,7 +93,11 @@ class Advancer:
                 if self._leads():
                     tick(self.db, self.ctx)
                     self.ticks += 1
-            except Exception:  # the database unreachable, or a failed round: next slot
+            except (DBAPIError, PoolTimeout) as exc:  # the database unreachable: next slot
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc)
+                log.warning("advancer tick failed (%s); the next one is a slot from now", first)
+                self._resign()
+            except Exception:  # a failed round: next slot
                 log.exception("advancer tick failed; the next one is a slot from now")
                 self._resign()
 
