@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from metaservice import __version__
 from metaservice.auth.endpoints import router as auth_router
 from metaservice.auth.whoami import router as whoami_router
+from metaservice.barriers.advancer import start_advancer
 from metaservice.barriers.endpoints import router as barriers_router
 from metaservice.barriers.endpoints import writes as barrier_writes_router
 from metaservice.barriers.replica_changes import start_replica_changes
@@ -81,9 +82,12 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
         schedule = start_schedule(db, app.state.services.ctx)
         emitting = start_emitting(db, app.state.services.ctx)
         replicas = start_replica_changes(settings.db_url, app.state.services.changes)
+        advancer = app.state.advancer = start_advancer(db, app.state.services.ctx)
         try:
             yield
         finally:
+            if advancer is not None:
+                advancer.stop()
             if replicas is not None:
                 replicas.stop()
             if emitting is not None:

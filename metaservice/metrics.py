@@ -139,7 +139,7 @@ def read_state(session: Session, ctx: Context) -> TopologyState:
     """Every gauge of :data:`GAUGES`, from the database, without writing (no sealing)."""
     state = TopologyState(now_ms=ctx.now_ms())
     jobs = topology_repo.all_jobs(session)
-    fronts = fr.frontiers(session, ctx, jobs, sealed_only=False)
+    fronts = fr.shown_frontiers(session, ctx, jobs)
     exact: dict[str, int] = {}
     for job in jobs:
         front = fronts[job.id]

@@ -108,6 +108,16 @@ class Settings(BaseSettings):
         description="Default retention: snapshots reported less than this many seconds ago "
         "are kept (0: none for their age).",
     )
+    idle_advance: Literal["auto", "background", "readers", "manual"] = Field(
+        "auto",
+        description="Who raises the barrier clock's watermark and advances idle derived "
+        "jobs, once a slot: `background`, a task of the service (one leader across "
+        "replicas on PostgreSQL), so consistent-version reads never write; `readers`, "
+        "no task, and a read whose writers could move takes that write step first (the "
+        "old behaviour); `manual`, neither (tests call "
+        "`metaservice.barriers.advancer.tick`); `auto`, `background` on the system "
+        "clock and `readers` on any other (a test's ManualClock).",
+    )
     expire_every_seconds: float = Field(
         0,
         ge=0,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from metaservice.barriers import repository as repo
+from metaservice.barriers import watermark
 from metaservice.barriers.batch_checks import (
     check_batch_order,
     check_query_of,
@@ -38,6 +39,8 @@ def batch_barrier(
     batch, newest = repo.batch_and_newest(session, job.id, batch_id)
     if batch is None:
         check_query_of(job, batch_id, request.query_id, newest)
+        if job.kind == SOURCE:
+            watermark.hold_shared(session)  # before the facts read S
         facts = repo.new_batch_facts(session, job)
         refuse_superseded(job, facts.superseded_by)
         check_batch_order(job, batch_id, newest)

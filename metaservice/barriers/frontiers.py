@@ -1,15 +1,18 @@
 """Frontiers, exactness and the alignment of derived jobs' targets.
 
-A table's frontier is its writer job's frontier. A source job's frontier is one
-slot below its oldest open batch (never past the last closed slot) or, when it has
-none, its sealed slot; sealing moves an idle source job's frontier up to the last
-closed slot under the job's row lock, so that a batch asking for a barrier
-afterwards is pushed past it.
-A derived job's frontier is the last barrier it committed.
+A table's frontier is its writer job's frontier. A source job's frontier is a
+function of recorded state, so a reader computes it without writing:
 
-While a source job holds an offline grant (``barriers/offline.py``) it may give
-its own batches barriers at or above its offline floor without asking, so its
-frontier stays below that floor until the job reports in again.
+    min(max(sealed, S if idle else min(oldest open - interval, S)), floor - interval)
+
+with ``S`` the watermark on the clock row (raised once a slot; every barrier given to
+a source batch afterwards is above it: the proof, and G1/G2 with it, is in
+:mod:`metaservice.barriers.watermark`), ``sealed`` the frontier written on the job's
+row under its lock (when its last open batch completes, or is abandoned, and by a
+derived job's own next-barrier round) and ``floor`` the offline grant's floor
+(``barriers/offline.py``: while the job holds a grant it may give its own batches
+barriers at or above it without asking, so its frontier stays below it).
+A derived job's frontier is the last barrier it committed.
 """
 
 from __future__ import annotations
@@ -27,30 +30,51 @@ from metaservice.models import SOURCE, Job
 def frontiers(
     session: Session, ctx: Context, jobs: Sequence[Job], *, sealed_only: bool = True
 ) -> dict[int, int]:
-    """Frontier of each job.
+    """Frontier of each job (see the module docstring).
 
-    ``sealed_only=False`` lets idle source jobs count up to the last closed slot
-    without sealing: good enough for display, but a decision that a barrier is
-    complete must seal first (see :func:`seal_sources`) and use the sealed value.
+    ``sealed_only=False``: the frontiers as a seal by this replica would make them
+    (source jobs count up to its last closed slot where the watermark has not got
+    there yet), for a job's own round deciding whether its write step may move
+    anything; never for deciding that a barrier is complete (see
+    :func:`shown_frontiers` for what the API shows).
     """
+    return frontiers_and_watermark(session, ctx, jobs, sealed_only=sealed_only)[0]
+
+
+def shown_frontiers(session: Session, ctx: Context, jobs: Sequence[Job]) -> dict[int, int]:
+    """The frontiers the API shows and revisions and handovers go by: the watermark's,
+    which every replica shares (a replica's own closed slot could be ahead of another's,
+    and a frontier shown by one then by the other would go back); where readers catch
+    up (no advancer: a single process on a ManualClock), as a seal would make them, as
+    a read would right after."""
+    return frontiers(session, ctx, jobs, sealed_only=not ctx.readers_catch_up)
+
+
+def frontiers_and_watermark(
+    session: Session, ctx: Context, jobs: Sequence[Job], *, sealed_only: bool = True
+) -> tuple[dict[int, int], int | None]:
+    """:func:`frontiers`, and the watermark S they were computed with (None when no job
+    is a source: then none was read)."""
     progress = repo.source_progress(session, [j.id for j in jobs if j.kind == SOURCE])
     result: dict[int, int] = {}
+    watermark: int | None = None
     for job in jobs:
         if job.kind != SOURCE:
             result[job.id] = job.frontier
             continue
         p = progress[job.id]
+        watermark = p.watermark
+        upto = p.watermark if sealed_only else max(p.watermark, ctx.closed_slot())
         if p.oldest_open is not None:
-            # Never past the last closed slot: a batch open at a barrier of the job's
-            # own clock, ahead of the service's (an offline claim, and the online
-            # batches that follow it), says nothing about the slots in between.
-            front = max(p.sealed, min(p.oldest_open - ctx.interval, ctx.closed_slot()))
-        elif sealed_only:
-            front = p.sealed
+            # Never past S: a batch open at a barrier of the job's own clock, ahead of
+            # the service's (an offline claim, and the online batches that follow it),
+            # says nothing about the slots in between; and S, not a replica's clock, so
+            # two replicas answer alike.
+            front = max(p.sealed, min(p.oldest_open - ctx.interval, upto))
         else:
-            front = max(p.sealed, ctx.closed_slot())
+            front = max(p.sealed, upto)
         result[job.id] = _below_floor(ctx, front, p.offline_floor)
-    return result
+    return result, watermark
 
 
 def _below_floor(ctx: Context, slot: int, offline_floor: int | None) -> int:
@@ -64,7 +88,10 @@ def sealable_slot(ctx: Context, job: Job) -> int:
 
 
 def seal_sources(session: Session, ctx: Context, jobs: Sequence[Job]) -> None:
-    """Move idle source jobs' frontiers to their sealable slot (in this write transaction)."""
+    """Move idle source jobs' sealed frontiers to their sealable slot (in this write
+    transaction, under their row locks): a derived job's own next-barrier round does,
+    to plan up to this replica's closed slot before the watermark gets there. Readers
+    never do (they read the watermark)."""
     closed = ctx.closed_slot()
     ids = repo.seal_candidates(
         session, [j.id for j in jobs if j.kind == SOURCE], closed, ctx.interval
@@ -75,13 +102,6 @@ def seal_sources(session: Session, ctx: Context, jobs: Sequence[Job]) -> None:
             if job.id in sealed:
                 # the row's value as written, without marking the job changed
                 set_committed_value(job, "frontier", sealed[job.id])
-
-
-def needs_seal(ctx: Context, jobs: Sequence[Job]) -> bool:
-    return any(
-        j.kind == SOURCE and j.open_batches == 0 and j.frontier < sealable_slot(ctx, j)
-        for j in jobs
-    )
 
 
 def two_adic_valuation(n: int) -> int:

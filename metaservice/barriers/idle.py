@@ -1,7 +1,9 @@
 """Idle advance: the MetaService moves a derived job none of whose inputs changed
 past its frontier, recording committed batches of its own (G2: an idle job never
 holds readers back), and :func:`could_advance`, the read that decides whether a
-reader takes that write step first.
+job's round (or a reader, where readers catch up: ``Context.readers_catch_up``)
+takes that write step first. The per-slot advancer (``barriers/advancer.py``) runs
+it for every derived job, so readers never write.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from metaservice.models import DERIVED, SOURCE, Batch, Job
 from metaservice.topology import repository as topo
 
 
-def advance_idle_many(session: Session, ctx: Context, jobs: Sequence[Job]) -> None:
+def advance_idle_many(
+    session: Session, ctx: Context, jobs: Sequence[Job], *, seal: bool = True
+) -> int:
     """Advance idle derived jobs among these, and their idle derived upstream: when none
     of a job's inputs changed between its frontier and its next target, its outputs are
     already exact there (G2: an idle job never holds readers back). Each advance is
@@ -46,10 +50,14 @@ def advance_idle_many(session: Session, ctx: Context, jobs: Sequence[Job]) -> No
     aligned steps for a job far behind), and written together. Walking the upstream
     job by job cost about 12 statements per job and visited a job once per path to
     it: about 1,100 statements for 50 tables of the 1,000-table bench topology.
+
+    ``seal``: seal the idle sources below first (a derived job's own round does, to
+    plan up to this replica's closed slot); the per-slot advancer, which has just
+    raised the watermark to it, does not need to. Answers how many batches it recorded.
     """
     wanted = sorted({j.id for j in jobs if j.kind == DERIVED})
     if not wanted:
-        return
+        return 0
     locked = repo.try_lock_jobs(session, repo.derived_upstream(session, wanted))
     busy = repo.jobs_with_open_batches(session, list(locked))
     inputs = topo.input_tables_of_jobs(session, sorted(set(locked) - busy))
@@ -73,10 +81,11 @@ def advance_idle_many(session: Session, ctx: Context, jobs: Sequence[Job]) -> No
         movable[job_id] = ids
         stack.extend(w for w in ids if writers[w].kind == DERIVED)
     if not movable:
-        return
+        return 0
     sources = [writers[w] for w in sorted({w for ids in movable.values() for w in ids})]
     sources = [w for w in sources if w.kind == SOURCE]
-    fr.seal_sources(session, ctx, sources)
+    if seal:
+        fr.seal_sources(session, ctx, sources)
     front = fr.frontiers(session, ctx, sources)  # then each derived writer's, as it moves
     front.update(
         (w, writers[w].frontier) for ids in movable.values() for w in ids if w not in front
@@ -124,6 +133,7 @@ def advance_idle_many(session: Session, ctx: Context, jobs: Sequence[Job]) -> No
         if at != job.frontier:
             moved[job] = at
     repo.write_advances(session, batches, moved)
+    return len(batches)
 
 
 def could_advance(session: Session, ctx: Context, jobs: Sequence[Job]) -> bool:

@@ -4,7 +4,9 @@ A source job's batch normally asks the MetaService for its barrier. To go on wit
 it (guarantee G4), the job holds an *offline grant*: each time it reports in
 (``PUT /jobs/{job}/offline-grant``) it promises a floor ``F``, the lowest barrier it
 will ever give itself, and the MetaService records ``offline_floor``, never above F
-nor above its own current slot. While the grant stands, the job's frontier stays
+nor above the slot a new batch of the job would get (its current slot, raised past
+the sealed frontier and the watermark S: see ``barriers/watermark.py``). While the
+grant stands, the job's frontier stays
 below ``offline_floor`` (``frontiers.sealable_slot``), so no reader ever treats a
 slot as complete that the job could still give to a batch of its own.
 
@@ -33,6 +35,7 @@ from collections.abc import Sequence
 from sqlalchemy.orm import Session
 
 from metaservice.barriers import repository as repo
+from metaservice.barriers import watermark
 from metaservice.barriers.batch_checks import check_query_of, lock_job_named
 from metaservice.barriers.ranges import batch_view
 from metaservice.barriers.schemas import BatchBarrier, ClaimedBarrier, OfflineGrant
@@ -65,8 +68,11 @@ def _source_job(session: Session, job_name: str) -> Job:
 def grant(session: Session, ctx: Context, job_name: str, promised_floor: int) -> OfflineGrant:
     """Take or renew the job's offline grant; see the module docstring."""
     job = _source_job(session, job_name)
-    # Never below the sealed frontier: the frontier must not step back.
-    slot = max(ctx.now_slot(), job.frontier + ctx.interval)
+    # Never below the sealed frontier nor the watermark S (read under its lock, held
+    # shared, so that no raise lands between the read and this grant's commit): the
+    # frontier, capped below the floor, must not step back (barriers/watermark.py).
+    watermark.hold_shared(session)
+    slot = max(ctx.now_slot(), job.frontier + ctx.interval, watermark.read(session) + ctx.interval)
     promised = slot_of(promised_floor, ctx.interval)
     # A first grant floors at the slot: the job learns it from this answer before it
     # claims anything. A renewal takes min(promise, slot): an answer lost on the way

@@ -2,7 +2,9 @@
 replay of an abandoned batch, and an operator abandoning a dead driver's batch.
 
 A source barrier is the service's current slot, never below the last barrier issued,
-a sealed frontier or the job's own newest batch (:func:`_source_barrier`). Offline
+a sealed frontier or the job's own newest batch, and above the watermark S
+(:func:`_source_barrier`; S is read under the watermark lock held shared,
+:mod:`~metaservice.barriers.watermark`). Offline
 claims (:mod:`~metaservice.barriers.offline`) open batches through
 :func:`open_source_batch` and :func:`reopen_abandoned` too.
 """
@@ -11,32 +13,47 @@ from __future__ import annotations
 
 import logging
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from metaservice.barriers import frontiers as fr
 from metaservice.barriers import repository as repo
+from metaservice.barriers import watermark
 from metaservice.barriers.batch_checks import lock_job_named
 from metaservice.barriers.ranges import batch_view
 from metaservice.barriers.schemas import BatchBarrier, BatchRequest
 from metaservice.context import Context
 from metaservice.errors import Conflict, NotFound
-from metaservice.models import SOURCE, Batch, Job
+from metaservice.models import SOURCE, Batch, ClockState, Job
 from metaservice.topology import repository as topo
 
 log = logging.getLogger("metaservice.barriers")
 
 
 def _next_source_barrier(session: Session, ctx: Context, job: Job, newest: Batch | None) -> int:
-    return _source_barrier(ctx, job, newest, repo.clock(session).last_issued)
+    watermark.hold_shared(session)  # before S is read (by the next statement)
+    clock = session.execute(
+        select(ClockState.last_issued, ClockState.watermark).where(ClockState.id == 1)
+    ).one()
+    return _source_barrier(ctx, job, newest, clock.last_issued, clock.watermark)
 
 
-def _source_barrier(ctx: Context, job: Job, newest: Batch | None, last_issued: int) -> int:
+def _source_barrier(
+    ctx: Context, job: Job, newest: Batch | None, last_issued: int, watermark_s: int
+) -> int:
     # Never below the last issued barrier (clock stepped back after a restart), never
-    # at or below a sealed frontier (a reader already took that slot as complete) and
-    # never below the job's own newest batch (which an offline claim may have put
-    # ahead of the service's clock: only this job's barriers follow it).
+    # at or below a sealed frontier or the watermark S (a reader may already have
+    # taken that slot as complete: this replica's clock may be behind the one that
+    # raised S) and never below the job's own newest batch (which an offline claim
+    # may have put ahead of the service's clock: only this job's barriers follow it).
     own = newest.barrier if newest is not None else 0
-    return max(ctx.now_slot(), last_issued, job.frontier + ctx.interval, own)
+    return max(
+        ctx.now_slot(),
+        last_issued,
+        job.frontier + ctx.interval,
+        watermark_s + ctx.interval,
+        own,
+    )
 
 
 def new_source_batch(
@@ -51,7 +68,7 @@ def new_source_batch(
     """:func:`open_source_batch` for a batch asking for its barrier: the clock and the
     output count come from ``facts``, and the batch and the job's row are written as two
     plain statements. The batch returned is not in the session."""
-    barrier = _source_barrier(ctx, job, newest, facts.last_issued)
+    barrier = _source_barrier(ctx, job, newest, facts.last_issued, facts.watermark)
     raised = min(barrier, ctx.now_slot())  # see open_source_batch
     if raised > facts.last_issued:  # else the UPDATE would change nothing
         repo.raise_clock(session, raised)

@@ -38,7 +38,7 @@ def delay(session: Session, ctx: Context, table: str) -> Delay:
     ]
     tables = topo.tables_by_names(session, upstream_tables)
     jobs = topo.jobs_by_ids(session, sorted({t.writer_id for t in tables.values() if t.writer_id}))
-    fronts = fr.frontiers(session, ctx, list(jobs.values()), sealed_only=False)
+    fronts = fr.shown_frontiers(session, ctx, list(jobs.values()))
     now = ctx.now_ms()
 
     def table_frontier(name: str) -> int | None:

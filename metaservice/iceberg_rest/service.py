@@ -109,9 +109,8 @@ def open_session(session: Session, ctx: Context, text: str | None) -> str:
     warehouse = parse_warehouse(text)
     version = _version(session, ctx, warehouse)
     seconds = ctx.settings.catalog_session_idle_seconds
-    leased = versions.create_lease(session, ctx, version, seconds)
+    leased, found = versions.create_lease_of_tables(session, ctx, version, seconds)
     assert leased.lease_id is not None
-    found = topo.tables_by_names(session, list(version.snapshots))
     repo.add_session(
         session,
         leased.lease_id,
@@ -133,7 +132,7 @@ def _version(session: Session, ctx: Context, warehouse: Warehouse) -> Consistent
     names = repo.readable_tables(session)
     if not names:
         return ConsistentVersion(barrier=0, snapshots={})
-    versions.seal_writers(session, ctx, names)
+    versions.seal_writers(session, ctx, names)  # nothing, unless readers catch up
     try:
         return versions.consistent_version(session, ctx, names, warehouse.barrier)
     except Conflict as exc:

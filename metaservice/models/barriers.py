@@ -21,14 +21,17 @@ from metaservice.models.base import Base
 
 class ClockState(Base):
     """One row: the last barrier issued (so barriers never go backwards across
-    restarts) and a counter bumped on every topology change (so replicas know
-    when their cached graph is stale)."""
+    restarts), a counter bumped on every topology change (so replicas know
+    when their cached graph is stale) and the watermark ``S``: no source batch is
+    given a barrier at or below it any more (raised once a slot, see
+    :mod:`metaservice.barriers.watermark`)."""
 
     __tablename__ = "clock"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     last_issued: Mapped[int] = mapped_column(BigInteger, default=0)
     topology_version: Mapped[int] = mapped_column(BigInteger, default=0)
+    watermark: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
 
 class Batch(Base):

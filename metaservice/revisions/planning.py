@@ -124,9 +124,10 @@ def _check_reached(
 ) -> None:
     jobs = {j.id: j for j in writers.values()}
     # Not sealed (a revision that fails changes nothing): an idle source's frontier is the
-    # last closed slot, which no batch can get a barrier in any more (new batches get the
-    # current slot, offline ones stay above the grant's floor, which ``frontiers`` heeds).
-    front = fr.frontiers(session, ctx, list(jobs.values()), sealed_only=False)
+    # watermark's, which no batch can get a barrier at or below any more (new batches get
+    # a barrier above it, offline ones stay above the grant's floor, which ``frontiers``
+    # heeds: barriers/watermark.py).
+    front = fr.shown_frontiers(session, ctx, list(jobs.values()))
     for name, job in sorted(writers.items()):
         if front[job.id] < from_barrier:
             raise Conflict(

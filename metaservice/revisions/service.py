@@ -237,7 +237,7 @@ def _views(session: Session, ctx: Context, revisions: list[Revision]) -> list[Re
     wanted |= {revision_job_name(a.writer, r) for r, rows in affected.items() for a in rows}
     jobs = {name: topo.job_by_name(session, name) for name in sorted(wanted)}
     known = [j for j in jobs.values() if j is not None]
-    front = fr.frontiers(session, ctx, known, sealed_only=False)
+    front = fr.shown_frontiers(session, ctx, known)
     inputs = {j.name: [t.name for t in topo.input_tables(session, j.id)] for j in known}
     views = []
     for r in revisions:

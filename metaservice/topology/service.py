@@ -279,7 +279,7 @@ def _hand_over(session: Session, ctx: Context, job: Job, tables: list[Table]) ->
     stop being the table's, or go with the job)."""
     if not tables:
         return
-    frontier = fr.frontiers(session, ctx, [job], sealed_only=False)[job.id]
+    frontier = fr.shown_frontiers(session, ctx, [job])[job.id]
     for table in tables:
         if job.kind == SOURCE:
             table.source_until = max(table.source_until or 0, frontier)
@@ -388,7 +388,7 @@ def job_view(session: Session, ctx: Context, job: Job) -> JobView:
 def job_views(session: Session, ctx: Context, jobs: list[Job]) -> list[JobView]:
     ids = [j.id for j in jobs]
     inputs, outputs = repo.edges_of_jobs(session, ids)
-    fronts = fr.frontiers(session, ctx, jobs, sealed_only=False)
+    fronts = fr.shown_frontiers(session, ctx, jobs)
     return [
         JobView(
             name=j.name,
@@ -422,7 +422,7 @@ def get_job(session: Session, ctx: Context, name: str) -> JobView:
 
 def table_views(session: Session, ctx: Context, tables: list[Table]) -> list[TableView]:
     writers = repo.jobs_by_ids(session, [t.writer_id for t in tables if t.writer_id is not None])
-    fronts = fr.frontiers(session, ctx, list(writers.values()), sealed_only=False)
+    fronts = fr.shown_frontiers(session, ctx, list(writers.values()))
     readers = repo.readers_of_tables(session, [t.id for t in tables])
     # One statement for the page: a query per table made 1,000 tables cost 1,000 round trips.
     newest = barrier_repo.latest_snapshots(session, [t.id for t in tables])

@@ -8,6 +8,17 @@ refused (409 ``expired``) rather than handed out; a table that was still empty a
 the barrier names no snapshot and is no obstacle. A lease checks the horizon again
 under the tables' row locks, which a reservation takes exclusively: a lease is
 either in the reservation's plan, or sees the raised horizon.
+
+**Reads that never write.** A consistent version is read in one read transaction:
+the members' writers, their frontiers (an idle source's from the watermark S on the
+clock row, in the statement that reads its row: no seal), the common exact barrier
+and the snapshots. Idle derived jobs are advanced by the per-slot advancer, not by
+readers. Why that keeps G1 (consistent, never going back, across replicas whose
+clocks differ) and G2 (one slot beyond the bound of a reader that wrote, at most)
+is in :mod:`metaservice.barriers.watermark`. Only where no advancer runs
+(``settings.idle_advance`` ``readers``: tests on a ManualClock) does a read whose
+writers could move take the write step first (:func:`seal_writers`). A lease writes
+its own rows, nothing else.
 """
 
 from __future__ import annotations
@@ -20,6 +31,7 @@ from sqlalchemy.orm import Session
 from metaservice.barriers import frontiers as fr
 from metaservice.barriers import repository as barrier_repo
 from metaservice.barriers import service as barrier_service
+from metaservice.barriers import watermark
 from metaservice.context import Context
 from metaservice.contract import slot_of
 from metaservice.errors import Conflict, Invalid, NotFound, TooLarge
@@ -62,19 +74,22 @@ def writers_of(session: Session, names: list[str]) -> tuple[dict[str, Table], di
 
 
 def seal_writers(session: Session, ctx: Context, names: list[str]) -> None:
-    """Write step before a consistent-version read: seal idle source writers and
-    advance idle derived writers (and their idle upstream), so neither holds it back."""
+    """The write step before a read, only where readers catch up (no advancer runs:
+    ``ctx.readers_catch_up``): raise the watermark to this replica's closed slot, then
+    advance the idle derived writers (and their idle upstream). Nothing otherwise."""
+    if not ctx.readers_catch_up:
+        return
+    watermark.raise_to_closed_slot(session, ctx)
     _, jobs = writers_of(session, names)
-    # Derived jobs first: they lock their upstream, then its sources (see advance_idle_many).
-    barrier_service.advance_idle_many(session, ctx, list(jobs.values()))
-    fr.seal_sources(session, ctx, list(jobs.values()))
+    barrier_service.advance_idle_many(session, ctx, list(jobs.values()), seal=False)
 
 
 def version_unless_sealing(
     session: Session, ctx: Context, names: list[str], at_or_before: int | None = None
 ) -> ConsistentVersion | None:
-    """The consistent version, when no writer needs the write step first (no idle source
-    to seal, no idle derived job to advance); None when one does: then
+    """The consistent version, read without writing; None only where readers catch up
+    (``ctx.readers_catch_up``) and one would: the watermark is behind this replica's
+    closed slot and a writer is a source, or an idle derived writer could move. Then
     :func:`seal_writers` in a write transaction, and :func:`consistent_version` after it.
 
     Deciding and answering in one read transaction: the answer is the one a read right
@@ -82,9 +97,13 @@ def version_unless_sealing(
     that needs no write costs one transaction."""
     tables, jobs = writers_of(session, names)
     writers = list(jobs.values())
-    if fr.needs_seal(ctx, writers) or barrier_service.could_advance(session, ctx, writers):
+    fronts, found = fr.frontiers_and_watermark(session, ctx, writers)
+    if ctx.readers_catch_up and (
+        (found is not None and watermark.is_stale(ctx, found))
+        or barrier_service.could_advance(session, ctx, writers)
+    ):
         return None
-    return _version_of(session, ctx, names, tables, jobs, at_or_before)
+    return _version_of(session, ctx, names, tables, jobs, at_or_before, fronts)
 
 
 def consistent_version(
@@ -101,8 +120,11 @@ def _version_of(
     tables: dict[str, Table],
     jobs: dict[int, Job],
     at_or_before: int | None,
+    fronts: dict[int, int] | None = None,
 ) -> ConsistentVersion:
-    limit = min(fr.frontiers(session, ctx, list(jobs.values())).values())
+    if fronts is None:
+        fronts = fr.frontiers(session, ctx, list(jobs.values()))
+    limit = min(fronts.values())
     if at_or_before is not None:
         # the largest barrier at or before it: barriers lie on the clock's grid
         limit = min(limit, slot_of(at_or_before, ctx.interval))
@@ -179,7 +201,8 @@ def _common_exact_barrier(session: Session, derived_tables: list[int], limit: in
 def lease_version(
     session: Session, ctx: Context, names: list[str], at_or_before: int | None, seconds: int
 ) -> ConsistentVersion:
-    """The consistent version of the tables, pinned by a new lease (a write transaction)."""
+    """The consistent version of the tables, pinned by a new lease (a write transaction
+    that writes the lease's rows, and only where readers catch up the write step)."""
     seal_writers(session, ctx, names)
     version = consistent_version(session, ctx, names, at_or_before)
     return create_lease(session, ctx, version, seconds)
@@ -192,6 +215,14 @@ def create_lease(
 
     Takes the tables' row locks (shared) before checking their horizons, so an expiry
     reserved concurrently either sees this lease or makes it fail here."""
+    return create_lease_of_tables(session, ctx, version, seconds)[0]
+
+
+def create_lease_of_tables(
+    session: Session, ctx: Context, version: ConsistentVersion, seconds: int
+) -> tuple[ConsistentVersion, dict[str, Table]]:
+    """:func:`create_lease`, and the version's tables by name as it locked them (a
+    catalog session records their ids without looking 1,000 names up again)."""
     if seconds > ctx.settings.max_lease_seconds:
         raise Invalid(
             f"lease of {seconds} s is longer than the {ctx.settings.max_lease_seconds} s allowed",
@@ -213,7 +244,8 @@ def create_lease(
     ]
     if rows:  # one statement for all tables (a catalog session pins every table)
         session.execute(insert(LeaseSnapshot), rows)
-    return version.model_copy(update={"lease_id": lease.id, "lease_expires_ms": lease.expires_ms})
+    leased = version.model_copy(update={"lease_id": lease.id, "lease_expires_ms": lease.expires_ms})
+    return leased, tables
 
 
 def lock_version(session: Session, version: ConsistentVersion) -> dict[str, Table]:

@@ -216,6 +216,20 @@ class Run(Compact):
 
 
 @dataclass(frozen=True, repr=False)
+class Watermark(Compact):
+    """The advancer's raise of the watermark S, on one replica (its clock)."""
+
+    replica: int = 0
+
+
+@dataclass(frozen=True, repr=False)
+class AdvanceIdle(Compact):
+    """The advancer's advance of every idle derived job, on one replica."""
+
+    replica: int = 0
+
+
+@dataclass(frozen=True, repr=False)
 class Tick(Compact):
     """One slot of progress: the clock moves one interval, then the named jobs run
     once each, upstream before downstream."""
@@ -461,6 +475,8 @@ class DropTag(Compact):
 
 Step = (
     Advance
+    | Watermark
+    | AdvanceIdle
     | Tick
     | Run
     | Peek
@@ -772,6 +788,32 @@ def g2_bound(frontier: int, ends: Sequence[set[int]], interval: int) -> tuple[in
 # --------------------------------------------------------------------------- simulation
 
 
+class SkewedClock:
+    """A replica's clock: the base clock moved by a fixed skew (moves with it)."""
+
+    def __init__(self, base: Any, skew_ms: int) -> None:
+        self.base, self.skew_ms = base, skew_ms
+
+    def now_ms(self) -> int:
+        return self.base.now_ms() + self.skew_ms  # type: ignore[no-any-return]
+
+
+class Replicas:
+    """A client of several replicas of the service (apps on one database): each request
+    goes to one drawn from ``seed``'s sequence; ``last`` is the one that answered."""
+
+    def __init__(self, clients: Sequence[Any], seed: int) -> None:
+        import random
+
+        self.clients = list(clients)
+        self.last = 0
+        self._random = random.Random(seed)
+
+    def request(self, method: str, url: str, **kwargs: Any) -> Any:
+        self.last = self._random.randrange(len(self.clients))
+        return self.clients[self.last].request(method, url, **kwargs)
+
+
 class Simulation:
     """Drives the service through a topology's jobs and checks its answers."""
 
@@ -788,8 +830,15 @@ class Simulation:
         reserve: Callable[[str], dict] | None = None,
         reconcile: Callable[[dict[str, list[dict]]], dict] | None = None,
         lake: Lake | None = None,
+        advancer: Callable[[str, int], Any] | None = None,
+        clocks: Sequence[Any] = (),
     ) -> None:
-        """``db_state``: every row of the service's database, to check that refused
+        """``advancer(part, replica)``: the service's per-slot advancer, run by the
+        Watermark ("raise": answers the new S or None) and AdvanceIdle ("advance") steps
+        on replica ``replica`` (None: readers raise S and advance idle jobs themselves).
+        ``clocks``: each replica's clock, when ``client`` routes requests to several
+        (:class:`Replicas`; their clocks may be skewed from ``clock``, the base).
+        ``db_state``: every row of the service's database, to check that refused
         requests change nothing (else the API's view of jobs and mappings is compared).
         ``reserve``: reserve a table's expiry for an executor (None: the service has no
         reservations, G5 is checked on plans and leases only). ``reconcile``: run
@@ -806,6 +855,13 @@ class Simulation:
         self._reserve = reserve
         self._reconcile = reconcile
         self._lake = lake
+        self._advancer = advancer
+        self.clocks = list(clocks) or [clock]
+        self.watermark = 0  # S as the advancer steps raised it
+        # Whether the advancer ran (raise, then advance) after the last step that could
+        # move anything: G2's bound assumes it (a read no longer advances idle jobs).
+        self._fresh = advancer is None
+        self._version_turn = 0
         self.revisions: dict[int, RevisionState] = {}  # planned or running, not swapped
         self.mirror_of: dict[str, str] = {}  # mirror table -> its original
         self.tables = {t: TableState(t) for t in topology.tables}
@@ -848,7 +904,54 @@ class Simulation:
     def now_slot(self) -> int:
         return self.now() - self.now() % self.interval
 
+    def _slot(self, clock: Any) -> int:
+        now: int = clock.now_ms()
+        return now - now % self.interval
+
+    def slot_high(self) -> int:
+        """The newest current slot of the replicas' clocks (the base's with one)."""
+        return max(self._slot(c) for c in self.clocks)
+
+    def slot_low(self) -> int:
+        return min(self._slot(c) for c in self.clocks)
+
+    def answering_now(self) -> int:
+        """The clock of the replica that answered the last request."""
+        return self.clocks[getattr(self.client, "last", 0)].now_ms()  # type: ignore[no-any-return]
+
+    def answering_slot(self) -> int:
+        """The current slot of the replica that answered the last request."""
+        return self._slot(self.clocks[getattr(self.client, "last", 0)])
+
+    def skew_low(self) -> int:
+        """How far the slowest replica's clock is behind the base's (0 or less)."""
+        return min(0, *(c.now_ms() - self.now() for c in self.clocks))
+
+    def tick_advancer(self, replica: int | None = None) -> None:
+        """The advancer's whole tick (raise, then advance), on ``replica`` or on the
+        replica whose clock is ahead (the one whose tick comes first each slot)."""
+        if self._advancer is None:
+            return
+        if replica is None:
+            replica = max(range(len(self.clocks)), key=lambda i: self.clocks[i].now_ms())
+        self._raise(replica)
+        self._advancer("advance", replica)
+        self._fresh = True
+
+    def _raise(self, replica: int) -> None:
+        assert self._advancer is not None
+        raised = self._advancer("raise", replica)
+        closed = self._slot(self.clocks[replica]) - self.interval
+        if raised is not None:
+            assert raised == closed > self.watermark, (raised, closed, self.watermark)
+            self.watermark = raised
+        else:
+            assert closed <= self.watermark, (closed, self.watermark)
+        self.log(f"watermark on replica {replica}: {self.watermark}")
+
     def call(self, method: str, path: str, expect: Iterable[int], **kwargs: Any) -> Any:
+        if method != "GET":
+            self._fresh = self._advancer is None  # it may move a frontier
         response = self.client.request(method, API + path, **kwargs)
         expected = set(expect)
         assert response.status_code in expected, (
@@ -893,9 +996,20 @@ class Simulation:
         match step:
             case Advance(ms):
                 self.clock.advance(ms)
+                self._fresh = self._advancer is None
                 return None
+            case Watermark(replica):
+                if self._advancer is None:
+                    return "no advancer"
+                self._raise(replica % len(self.clocks))
+                return self.watermark
+            case AdvanceIdle(replica):
+                if self._advancer is None:
+                    return "no advancer"
+                return self._advancer("advance", replica % len(self.clocks))
             case Tick(jobs):
                 self.clock.advance(self.interval)
+                self.tick_advancer()  # as the slot starts
                 return [self.run(job.name) for job in self.topo.jobs if job.name in jobs]
             case Run():
                 return self.run(
@@ -981,6 +1095,7 @@ class Simulation:
         (but those in ``skip``) runs once, upstream before downstream."""
         skipped = set(skip)
         self.clock.advance(self.interval)
+        self.tick_advancer()  # as the slot starts
         for job in self.topo.jobs:
             if job.name not in skipped:
                 self.run(job.name)
@@ -1029,21 +1144,30 @@ class Simulation:
         batch_id = p.batch_id if p is not None else js.next_batch
         # "it gets the current clock slot": never moved by another job's clock; only its
         # own batches' barriers (an offline claim ahead of the clock) go before it.
-        expected = max(self.now_slot(), js.newest[1] if js.newest is not None else 0)
+        answer = self._ask(js, batch_id, {"query_id": js.query})
+        b = answer["barrier"]
+        # With replicas: the slot of the replica that answered, and never at or below
+        # the watermark S (raised by a replica whose clock may be ahead).
+        slot = self.answering_slot() if len(self.clocks) > 1 else self.now_slot()
+        expected = max(
+            slot, js.newest[1] if js.newest is not None else 0, self.watermark + self.interval
+        )
         held = self.held.get(jd.output)
         if held is not None and held >= expected:
             expected = held + self.interval  # a new writer starts above the table's history
-        answer = self._ask(js, batch_id, {"query_id": js.query})
-        b = answer["barrier"]
         if p is not None:
             # G3: a replayed batch gets the same barrier.
             assert b == p.barrier, f"{js.name} batch {batch_id} replayed at {b}, given {p.barrier}"
             self.stats["replayed open batch"] += 1
         else:
             assert answer["start_barrier"] is None and answer["inputs"] == [], answer
-            assert b == expected, (
+            # (another replica's clock, ahead, may have raised the clock or sealed the
+            # job up to its own slot: the barrier is then up to that replica's slot)
+            highest = expected if len(self.clocks) == 1 else max(expected, self.slot_high())
+            assert expected <= b <= highest, (
                 f"G2: source job {js.name}'s batch {batch_id} got barrier {b}; the current "
-                f"slot is {self.now_slot()} and its own newest batch {js.newest}"
+                f"slot is {slot} (replicas up to {self.slot_high()}), the watermark "
+                f"{self.watermark} and its own newest batch {js.newest}"
             )
             p = js.pending = Pending(
                 batch_id, b, answer, self._ingest(jd, rows, b), tuple(js.outputs)
@@ -1123,7 +1247,8 @@ class Simulation:
             if p is not None:  # asked online, crashed before committing: re-tag its rows
                 self._forget_rows(jd, p.delta)
             used = [d.barrier for d in js.done] + [q.barrier for q in js.outbox]
-            own_clock = self.now() + min(ahead_ms, MAX_AHEAD_MS - self.interval)
+            # (ahead of the slowest replica's clock by less than the service allows)
+            own_clock = self.now() + min(ahead_ms, MAX_AHEAD_MS - self.interval) + self.skew_low()
             b = max(js.floor, own_clock - own_clock % self.interval, *used)
             js.floor = b
             delta = self._ingest(jd, rows, b)
@@ -1253,7 +1378,7 @@ class Simulation:
             assert nb["ready"] == (nb["barrier"] > js.offset), nb
             assert nb["barrier"] >= js.offset and nb["barrier"] % self.interval == 0, nb
             held = max((self.held.get(js.source(t), 0) for t in jd.inputs), default=0)
-            assert nb["barrier"] < self.now_slot() or not nb["ready"] or nb["barrier"] <= held, (
+            assert nb["barrier"] < self.slot_high() or not nb["ready"] or nb["barrier"] <= held, (
                 f"G2: {js.name}'s batch after {js.offset} ends at {nb['barrier']}, a slot "
                 f"that is not over (the clock is at {self.now()}): another job's clock moved "
                 "its barriers"
@@ -1810,7 +1935,7 @@ class Simulation:
         answer = self._ask(js, p.batch_id, {"query_id": js.query})
         b = answer["barrier"]
         seen = self.complete.get(jd.output, 0)
-        assert b > seen and b >= self.now_slot() and b >= p.barrier, (
+        assert b > seen and b >= self.slot_low() and b >= p.barrier, (
             f"the replay of abandoned batch {p.batch_id} of {js.name} (at {p.barrier}) got "
             f"{b}; readers took {seen} as complete"
         )
@@ -1946,7 +2071,22 @@ class Simulation:
         # "The MetaService chooses the job's next target b <= min frontier(inputs)": of
         # its inputs now, not the plan its old inputs had.
         items = self.call("GET", "/tables", {200}, params={"limit": 1000}).json()["items"]
-        least = min((t["frontier"] or 0) for t in items if t["name"] in inputs)
+        shown = {t["name"]: t["frontier"] or 0 for t in items if t["name"] in inputs}
+        if self._advancer is not None:
+            # A derived job's own round seals the idle sources it reads up to its
+            # replica's closed slot (below an offline floor), ahead of the watermark
+            # the tables show: at most the newest replica's closed slot; with replicas
+            # it also advances idle derived inputs up to there (a replica whose clock
+            # is ahead of the one that last advanced them).
+            for t in inputs:
+                writer = self.topo.writer(t) if t in self.topo.tables else None
+                if writer is not None and (writer.is_source or len(self.clocks) > 1):
+                    floor = self.jobs[writer.name].floor
+                    sealable = self.slot_high() - self.interval
+                    if floor is not None:
+                        sealable = min(sealable, floor - self.interval)
+                    shown[t] = max(shown[t], sealable)
+        least = min(shown.values())
         for source in inputs:
             nb = self.call(
                 "GET",
@@ -2335,8 +2475,15 @@ class Simulation:
         if lease_seconds is not None:
             params["lease_seconds"] = lease_seconds
         bound = None
+        if self._advancer is not None and G2 in self.checks and not self._fresh:
+            # Every other version the advancer runs first, so that G2's bound can be
+            # checked; the others read what the last drawn raise and advance left.
+            self._version_turn += 1
+            if self._version_turn % 2:
+                self.tick_advancer()
+        fresh = self._fresh
         fronts = self.observe()
-        if G2 in self.checks:
+        if G2 in self.checks and fresh:
             bound = self.g2_floor(tables, fronts, at_or_before)
         # The answer for at_or_before is final once every table's frontier reached it
         # (frontiers only grow): no barrier up to it can become consistent later.
@@ -2409,7 +2556,7 @@ class Simulation:
                     f"G5: version {v} names snapshot {s} of {t}, reserved for expiry"
                 )
         if lease_seconds is not None:
-            assert v["lease_expires_ms"] == self.now() + lease_seconds * 1000, v
+            assert v["lease_expires_ms"] == self.answering_now() + lease_seconds * 1000, v
             self.leases[v["lease_id"]] = LeaseRecord(
                 v["lease_id"], v["lease_expires_ms"], b, dict(v["snapshots"])
             )
@@ -2479,7 +2626,11 @@ class Simulation:
             jd = self.topo.writer(t)
             js = self.jobs[jd.name]
             if f is None:  # no data yet: only a derived table that never had a frontier
-                assert not jd.is_source and not self.last_frontier.get(t), (t, f)
+                # (or, where the advancer raises the watermark, a source before the
+                # first raise that never committed)
+                unraised = self._advancer is not None and self.watermark == 0
+                assert not self.last_frontier.get(t), (t, f)
+                assert not jd.is_source or unraised, (t, f)
                 fronts[t] = f = 0
             assert f % self.interval == 0, (t, f)
             assert f >= self.last_frontier.get(t, 0), (
@@ -2488,7 +2639,7 @@ class Simulation:
             # A slot is over once the clock left it; a job's own batches ahead of the
             # clock (an offline claim) do not end a slot for anyone.
             # (or the history a new writer took over, which nothing can add to: N3)
-            assert f < self.now_slot() or f == 0 or f <= self.held.get(t, 0), (
+            assert f < self.slot_high() or f == 0 or f <= self.held.get(t, 0), (
                 f"frontier of {t} at {f}: its slot is not over"
             )
             if not jd.is_source and f > 0:
@@ -2709,6 +2860,10 @@ def step_strategy(topology: Topology, kind: str) -> st.SearchStrategy[Step]:
         return st.builds(Expiry, st.none() | tables, st.booleans())
     if kind == "frontiers":
         return st.just(Frontiers())
+    if kind == "watermark":  # the advancer's raise, on a drawn replica
+        return st.builds(Watermark, st.integers(0, 1))
+    if kind == "advance_idle":  # the advancer's advance of idle derived jobs
+        return st.builds(AdvanceIdle, st.integers(0, 1))
     if kind == "flush":
         return st.builds(Flush, st.none() | jobs)
     if kind == "report_in":

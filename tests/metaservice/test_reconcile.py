@@ -174,10 +174,16 @@ def core_state(db_url: str) -> dict[str, Any]:
     try:
         with engine.connect() as conn:
             return {
+                # A source's frontier as readers see it: its sealed frontier or the
+                # clock's watermark, whichever is higher (open batches and offline
+                # floors are in the row too); the sealed column alone is a lower bound.
                 "jobs": conn.execute(
                     text(
-                        "SELECT name, kind, frontier, open_batches, pending_target, last_barrier,"
-                        " last_batch_id FROM jobs ORDER BY name"
+                        "SELECT name, kind, CASE WHEN kind = 'source' AND frontier < w.s"
+                        " THEN w.s ELSE frontier END, open_batches, pending_target,"
+                        " last_barrier, last_batch_id"
+                        " FROM jobs, (SELECT watermark AS s FROM clock WHERE id = 1) w"
+                        " ORDER BY name"
                     )
                 ).all(),
                 "batches": conn.execute(

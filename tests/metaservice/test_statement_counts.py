@@ -19,11 +19,14 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy import event
 
+from metaservice.barriers import watermark
 from tests.metaservice.helpers import API, SLOT, barrier, commit, put_job, report
 
 # operation -> (SQLite, PostgreSQL) upper bounds
 BOUNDS: dict[str, tuple[int, int]] = {
-    "source barrier": (7, 6),
+    # on PostgreSQL the watermark's advisory lock, taken shared before S is read (issue
+    # 32: a consistent-version read no longer seals, test_reads_never_write.py)
+    "source barrier": (7, 7),
     "source report": (7, 6),
     # One request per batch: batch k+1's barrier carrying batch k's report, the
     # listener's progress and the offline-grant promise, in one transaction; the four
@@ -42,8 +45,11 @@ BOUNDS: dict[str, tuple[int, int]] = {
     # their writers in one statement (it sent 13 / 11)
     "consistent version, 50 tables": (9, 8),
     # The idle upstream is advanced with a statement or two per step for the whole
-    # closure, not about 12 per job and path to it (it sent 463 / 462, then 25 / 22)
-    "consistent version, 50 tables, sealing": (22, 19),
+    # closure, not about 12 per job and path to it (it sent 463 / 462, then 25 / 22).
+    # Where readers catch up (no advancer: a ManualClock), the write step raises the
+    # watermark under its exclusive lock (one more on PostgreSQL) instead of sealing
+    # sources; with the advancer, the read writes nothing (test_reads_never_write.py)
+    "consistent version, 50 tables, sealing": (22, 20),
     # six diamonds (64 paths): as many statements as a chain as deep; most are the
     # read that decides to write (could_advance walks a layer at a time, 12 layers)
     "consistent version, stacked diamonds, sealing": (57, 54),
@@ -324,6 +330,11 @@ def test_listener_event_costs_less_without_the_job_view(client, clock, db_url):
         assert n_minimal < n_view, (job, n_minimal, n_view)
 
 
+def _raise_watermark(client: TestClient) -> None:
+    services = client.app.state.services  # type: ignore[attr-defined]
+    services.db.write(lambda session: watermark.raise_to_closed_slot(session, services.ctx))
+
+
 def _diamonds(
     client, prefix: str, levels: int, paths: bool = True
 ) -> tuple[str, list[tuple[str, str]]]:
@@ -368,6 +379,9 @@ def test_an_idle_upstream_is_advanced_once_per_job_whatever_the_paths(client, cl
         _run_first_batches(client, jobs)
         assert get_ok(client, "/versions/consistent", {"tables": top})["barrier"] > 0
     clock.advance(5 * SLOT)
+    # The watermark is raised once for every job (by whichever read comes first): raised
+    # here, so that both stacks' reads cost the advance of their jobs alone.
+    _raise_watermark(client)
     counts = {}
     for paths, (top, jobs) in stacks.items():
         version, counts[paths] = counted(

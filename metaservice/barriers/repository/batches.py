@@ -46,11 +46,13 @@ _BATCH_AND_NEWEST = select(Batch).where(
 
 # What a new batch's barrier needs besides the job and its batches, in one statement
 # read after the job's lock is held: the revision superseding the job, the job's output
-# count, the last barrier issued.
+# count, the last barrier issued, the watermark S (read after the watermark lock is
+# held shared, for a source: barriers/watermark.py).
 _NEW_BATCH_FACTS = select(
     SUPERSEDING.scalar_subquery(),
     COUNT_OUTPUTS.scalar_subquery(),
     select(ClockState.last_issued).where(ClockState.id == 1).scalar_subquery(),
+    select(ClockState.watermark).where(ClockState.id == 1).scalar_subquery(),
 )
 
 
@@ -102,6 +104,7 @@ class NewBatchFacts(NamedTuple):
     superseded_by: int | None  # the revision replacing the job, swapping or swapped
     outputs: int
     last_issued: int
+    watermark: int
 
 
 def new_batch_facts(session: Session, job: Job) -> NewBatchFacts:

@@ -10,12 +10,13 @@ from sqlalchemy import ColumnElement, bindparam, case, func, select, update
 from sqlalchemy.orm import Session
 
 from metaservice.barriers.repository._common import _OPEN
-from metaservice.models import SOURCE, Batch, Job
+from metaservice.models import SOURCE, Batch, ClockState, Job
 
 _OLDEST_OPEN = (
     select(func.min(Batch.barrier)).where(Batch.job_id == Job.id, _OPEN).correlate(Job)
 ).scalar_subquery()
-_SOURCE_PROGRESS = select(Job.id, Job.frontier, _OLDEST_OPEN, Job.offline_floor).where(
+_WATERMARK = select(ClockState.watermark).where(ClockState.id == 1).scalar_subquery()
+_SOURCE_PROGRESS = select(Job.id, Job.frontier, _OLDEST_OPEN, Job.offline_floor, _WATERMARK).where(
     Job.id.in_(bindparam("ids", expanding=True))
 )
 
@@ -24,14 +25,18 @@ class SourceProgress(NamedTuple):
     sealed: int
     oldest_open: int | None
     offline_floor: int | None
+    watermark: int  # the clock row's S (barriers/watermark.py), read with the row
 
 
 def source_progress(session: Session, job_ids: Sequence[int]) -> dict[int, SourceProgress]:
-    """(sealed frontier, oldest open barrier, offline floor) of each job, read in ONE statement.
+    """(sealed frontier, oldest open barrier, offline floor, watermark S) of each job,
+    read in ONE statement.
 
     Two statements would let a batch commit in between under READ COMMITTED (write
     transactions, e.g. a consistent version taken with a lease): the job would look
-    fully committed while its frontier still held the older value.
+    fully committed while its frontier still held the older value. And S read after the
+    rows could be a raise that came after a batch opened at or below it, which the rows
+    read before did not show (barriers/watermark.py).
     """
     if not job_ids:
         return {}
