@@ -92,15 +92,25 @@ _RAISE = (
 )
 
 
+_HELD_SHARED = "metaservice.watermark_held_shared"  # session.info: the transaction holding it
+
+
 def on_postgres(session: Session) -> bool:
     return session.get_bind().dialect.name == "postgresql"
 
 
 def hold_shared(session: Session) -> None:
     """Take the watermark lock shared, to the end of the transaction, before ``S`` is
-    read (by a later statement) to choose a source barrier or an offline floor."""
-    if on_postgres(session):
-        session.execute(_SHARED, {"k": WATERMARK_LOCK})
+    read (by a later statement) to choose a source barrier or an offline floor. Taken
+    once per transaction: a barrier request that carries an offline-grant promise needs
+    it for both."""
+    if not on_postgres(session):
+        return
+    transaction = session.get_transaction()
+    if transaction is not None and session.info.get(_HELD_SHARED) is transaction:
+        return
+    session.execute(_SHARED, {"k": WATERMARK_LOCK})
+    session.info[_HELD_SHARED] = transaction
 
 
 def read(session: Session) -> int:

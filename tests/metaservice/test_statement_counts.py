@@ -31,7 +31,9 @@ BOUNDS: dict[str, tuple[int, int]] = {
     # One request per batch: batch k+1's barrier carrying batch k's report, the
     # listener's progress and the offline-grant promise, in one transaction; the four
     # requests it replaces sent 7 + 7 + 3 + 3 (SQLite) and 6 + 6 + 2 + 2 (PostgreSQL)
-    "source barrier carrying report, progress, promise": (17, 16),
+    # before the watermark; with it, the barrier and the grant each read S (and on
+    # PostgreSQL take its lock, once per transaction)
+    "source barrier carrying report, progress, promise": (18, 18),
     "derived barrier": (9, 8),
     "derived report": (8, 7),
     "next-barrier": (11, 10),
