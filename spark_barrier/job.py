@@ -7,65 +7,70 @@ job = spark_barrier.register(
 orders = job.source("ods.orders")                       # offsets are barriers
 sink = job.sink("dwd.order_detail", transform=enrich)   # foreachBatch function
 query = job.start(orders, sink)
+
+The job itself lives here (:class:`BarrierJob`: its barrier sources, its sink, reads at
+its barriers, closing, and its session's listener); the batch context is in
+:mod:`spark_barrier.batch_context`, the sink in :mod:`spark_barrier.sink`, stopping
+between batches in :mod:`spark_barrier.stopping`, and registration with its checks in
+:mod:`spark_barrier.registration`. The names that moved are still importable from here.
 """
 
 from __future__ import annotations
 
-import json
+import importlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
-from pyspark.sql.types import StructType
 
-from metaservice.barriers.schemas import BatchBarrier, InputRange
 from metaservice.client import ApiError, ConflictError, MetaServiceClient, Unavailable
 from metaservice.versions.schemas import ConsistentVersion
-from spark_barrier.carry import BatchRequests, carry_seconds
+from spark_barrier.batch_context import BatchContext as BatchContext
+from spark_barrier.batch_context import Transform as Transform
+from spark_barrier.carry import BatchRequests
 from spark_barrier.errors import BarrierBatchError, BarrierConfigError, swapped_message
-from spark_barrier.faults import crash_point
-from spark_barrier.iceberg import manifests
-from spark_barrier.iceberg.catalog import (
-    CATALOG_NAME,
-    CatalogUnavailable,
-    check_partition_by,
-    check_warehouse,
-    ensure_table,
-    load_catalog,
-    normalised_properties,
-    sql_catalog_properties,
-)
 from spark_barrier.iceberg.cdc import declare_keys
-from spark_barrier.iceberg.commit import Mode, check_mode, commit_batch
-from spark_barrier.iceberg.partitioning import PartitionSpecError
+from spark_barrier.iceberg.commit import Mode, check_mode
 from spark_barrier.iceberg.read import read_snapshot
-from spark_barrier.iceberg.stamps import find_batch_commit, snapshot_at
-from spark_barrier.inputs import (
-    StreamedInput,
-    batch_frame,
-    check_changelog_keys,
-    plan_input,
-    read_input,
-)
-from spark_barrier.jvm import PlanUnavailable, planned_scans, running_query_id
+from spark_barrier.iceberg.stamps import snapshot_at
+from spark_barrier.inputs import StreamedInput, check_changelog_keys
 from spark_barrier.listener import BarrierListener
-from spark_barrier.log import JobLog, check_log_options, open_job_log
+from spark_barrier.log import JobLog
 from spark_barrier.offline import OfflineBarriers
 from spark_barrier.reads import read_at_barrier
-from spark_barrier.report import DirectReporter, OutboxReporter, Reporter, retry
-from spark_barrier.revision import RevisionJob, RevisionModeError, revision_job
-from spark_barrier.source import SOURCE_NAME, BarrierSource
-from spark_barrier.steps import log_batch, recording, step
+from spark_barrier.report import Reporter
+from spark_barrier.sink import BarrierSink as BarrierSink
+from spark_barrier.sink import _barrier_of as _barrier_of
+from spark_barrier.sink import _Plan as _Plan
+from spark_barrier.sink import _refused as _refused
+from spark_barrier.source import SOURCE_NAME
+from spark_barrier.steps import step
+from spark_barrier.stopping import STOP_GRACE_S as STOP_GRACE_S
+from spark_barrier.stopping import _batches_lock as _batches_lock
+from spark_barrier.stopping import _batches_running as _batches_running
+from spark_barrier.stopping import _in_batch as _in_batch
+from spark_barrier.stopping import _sink_busy as _sink_busy
+from spark_barrier.stopping import _stop_requested as _stop_requested
+from spark_barrier.stopping import _stopping as _stopping
+from spark_barrier.stopping import stop_between_batches as stop_between_batches
+
+if TYPE_CHECKING:
+    from spark_barrier.registration import _catalog_properties as _catalog_properties
+    from spark_barrier.registration import _check_catalog as _check_catalog
+    from spark_barrier.registration import _check_inputs as _check_inputs
+    from spark_barrier.registration import _check_lookups as _check_lookups
+    from spark_barrier.registration import _check_outputs as _check_outputs
+    from spark_barrier.registration import _check_reachable as _check_reachable
+    from spark_barrier.registration import _in_revision as _in_revision
+    from spark_barrier.registration import register as register
 
 log = logging.getLogger("spark_barrier")
 
@@ -76,58 +81,6 @@ SOURCE_TRIGGER_S = 1.0
 # How long a derived job's barrier source waits in one next-barrier call for its batch
 # to become ready (a long poll; the MetaService answers as soon as it is).
 NEXT_BARRIER_WAIT_MS = 2000
-
-
-@dataclass
-class BatchContext:
-    """What a transform knows about the batch it runs in."""
-
-    job: BarrierJob
-    batch_id: int
-    barrier: int
-    start_barrier: int | None
-    leases: list[str] = field(default_factory=list)  # taken by read(), released after the batch
-    # A derived batch's rows of each streamed input (job.source(table)), by table.
-    inputs: dict[str, DataFrame] = field(default_factory=dict)
-
-    def input(self, table: str) -> DataFrame:
-        """This batch's rows of the streamed input ``table``: what ``job.source(table)``
-        streams in ``(start_barrier, barrier]`` (its changes with ``_change_type`` for
-        ``changelog=True``), without the ``_table`` column a batch of several inputs has.
-
-        >>> def join(rows, ctx):  # doctest: +SKIP
-        ...     return ctx.input("ods.orders").join(ctx.input("ods.payments"), "order_id")
-        """
-        table = self.job.actual(table)
-        if table not in self.inputs:
-            raise BarrierConfigError(
-                f"job '{self.job.name}' batch {self.batch_id} streams no input '{table}' "
-                f"(it streams {sorted(self.inputs)}): build the query's stream from "
-                f"job.source('{table}'), or read the table with ctx.read('{table}')"
-            )
-        return self.inputs[table]
-
-    def read(self, table: str) -> DataFrame:
-        """``table`` as of this batch's barrier, for lookup joins at the same version.
-
-        Only a declared input or lookup table (``register(..., lookups=[...])``) of a
-        derived job. Waits (up to the job's ``patience_s``) until the table is exact at
-        the barrier, and keeps the snapshot read from expiry (a lease) until the batch
-        has committed. An output of the job itself reads as before this batch (at its
-        start barrier, where the job committed last): running totals and the like.
-
-        >>> def enrich(orders, ctx):  # doctest: +SKIP
-        ...     return orders.join(ctx.read("ods.items"), "item_id")
-        """
-        return self.job.read_in_batch(self, table)
-
-    def release(self) -> None:
-        """Give back what :meth:`read` kept in use (the sink calls it when the batch ends)."""
-        while self.leases:
-            self.job.release_lease(self.leases.pop())
-
-
-Transform = Callable[[DataFrame, BatchContext], DataFrame]
 
 
 # How long a batch waits for a table to become exact before it logs a warning.
@@ -507,335 +460,6 @@ class BarrierJob:
         _release_listener(self.spark, self.client, self.name)
 
 
-class BarrierSink:
-    """foreachBatch(df, batch_id): barrier, exactly-once commit to Iceberg, report."""
-
-    def __init__(
-        self,
-        job: BarrierJob,
-        table: str,
-        mode: Mode,
-        key_columns: Sequence[str] | None,
-        transform: Transform | None,
-        op_column: str | None = None,
-        order_by: str | None = None,
-    ) -> None:
-        self.job = job
-        self.table = table
-        self.mode = mode
-        self.key_columns = list(key_columns) if key_columns else None
-        self.transform = transform
-        self.op_column = op_column
-        self.order_by = order_by
-
-    def __call__(self, df: DataFrame, batch_id: int) -> None:
-        self._barrier: int | None = None
-        started = time.perf_counter()
-        with _in_batch(self.job.name), recording() as steps:
-            try:
-                self._run_batch(df, batch_id)
-            finally:
-                total_ms = (time.perf_counter() - started) * 1000
-                log_batch(self.job.name, batch_id, self._barrier, steps, total_ms)
-
-    def _run_batch(self, df: DataFrame, batch_id: int) -> None:
-        job = self.job
-        query_id = self._query_id(batch_id)
-        iceberg = job.table(self.table)
-        done = find_batch_commit(iceberg, job.name, batch_id, query_id)
-        if done is not None:
-            # A replayed batch: its snapshot (and the barrier stamped on it) is the truth.
-            log.info(
-                "%s batch %d was committed before (snapshot %d); reporting it",
-                job.name, batch_id, done.snapshot_id,
-            )  # fmt: skip
-            self._persisted(batch_id, done.barrier, done.snapshot_id)
-            self._report(batch_id, done.barrier, done.snapshot_id)
-            return
-        plan: _Plan | None = None
-        ranges: list[InputRange] = []
-        try:
-            if job.offline is not None:
-                barrier = job.offline.barrier_for(batch_id, query_id=query_id)
-                start = None
-            else:
-                with step("plan"):
-                    plan = self._planned(batch_id, query_id) if job.inputs else None
-                if plan is not None and plan.start == plan.end:
-                    # Nothing to read (a new query's first batch ends at its start): no
-                    # barrier, no commit, no report.
-                    log.debug("%s batch %d is empty (%d, %d]", job.name, batch_id, *plan.span)
-                    return
-                with step("barrier"):
-                    answer = self._ask_barrier(batch_id, plan, query_id)
-                if answer is None:
-                    return
-                barrier, start, ranges = answer.barrier, answer.start_barrier, answer.inputs
-        except ConflictError as exc:
-            raise _refused(job, batch_id, query_id, exc) from exc
-        self._barrier = barrier
-        ctx = BatchContext(job, batch_id, barrier, start)
-        try:
-            if plan is not None:
-                # A derived batch: the stream's DataFrame has no rows (see job.source).
-                with step("inputs"):
-                    ctx.inputs = self._read_inputs(batch_id, plan, ranges)
-                    df = batch_frame(ctx.inputs)
-            with step("transform"):
-                rows = self.transform(df, ctx) if self.transform else df
-            snapshot = commit_batch(
-                rows,
-                iceberg,
-                barrier=barrier,
-                job=job.name,
-                batch_id=batch_id,
-                mode=self.mode,
-                key_columns=self.key_columns,
-                query_id=query_id,
-                op_column=self.op_column,
-                order_by=self.order_by,
-                log_target=job.log.target(self.table, barrier, batch_id) if job.log else None,
-            )
-        finally:
-            ctx.release()
-        self._persisted(batch_id, barrier, snapshot)
-        with step("report"):
-            self._report(batch_id, barrier, snapshot)
-
-    def _read_inputs(
-        self, batch_id: int, plan: _Plan, ranges: Sequence[InputRange]
-    ) -> dict[str, DataFrame]:
-        """Each streamed input's rows of the batch: files planned here from the
-        MetaService's snapshot ranges (sent with the batch's barrier), rows read by
-        Spark's native Parquet reader on the executors."""
-        job = self.job
-        by_table = {r.table: r for r in ranges}
-        frames = {}
-        for name, streamed in sorted(plan.streamed.items()):
-            span = by_table.get(name)
-            if span is None:
-                raise BarrierBatchError(
-                    f"job '{job.name}' batch {batch_id}: the MetaService gave no snapshot "
-                    f"range of '{name}' for barriers ({plan.start}, {plan.end}] (it gave "
-                    f"{sorted(by_table)}); nothing was committed. Is '{name}' still an input "
-                    "of the job? Check the job with `metaservice jobs show`",
-                    code="no_input_range",
-                )
-            table = job.table(name)
-            frames[name] = read_input(job.spark, table, plan_input(table, streamed, span))
-        return frames
-
-    def _query_id(self, batch_id: int) -> str:
-        query_id = running_query_id(self.job.spark, self.job.name)
-        if query_id is None:
-            raise BarrierConfigError(
-                f"batch {batch_id} of job '{self.job.name}' runs outside a streaming query: "
-                "use the sink as the foreachBatch function of the job's query (job.start)"
-            )
-        return query_id
-
-    def _planned(self, batch_id: int, query_id: str) -> _Plan:
-        """The barriers ``(start, end]`` Spark planned for this batch: the same for every
-        barrier source of the job, or the batch is refused; and how each input is read."""
-        job = self.job
-        try:
-            scans = planned_scans(job.spark, query_id, batch_id)
-        except PlanUnavailable as exc:
-            raise BarrierBatchError(
-                f"job '{job.name}' cannot tell which barriers Spark planned for batch "
-                f"{batch_id} ({exc}); nothing was committed",
-                code="plan_unavailable",
-            ) from exc
-        mine = [s for s in scans if s.source == SOURCE_NAME and s.options.get("job") == job.name]
-        planned = {scan.options.get("table", "?"): (scan.start, scan.end) for scan in mine}
-        if not planned:
-            raise BarrierConfigError(
-                f"the query of derived job '{job.name}' reads none of its inputs through "
-                "a barrier source: build its stream from job.source(table)"
-            )
-        ends = {
-            (int(start["barrier"]), int(end["barrier"]))
-            for start, end in planned.values()
-            if start is not None and end is not None
-        }
-        if len(ends) != 1 or any(None in pair for pair in planned.values()):
-            shown = ", ".join(
-                f"{t} ({_barrier_of(a)}, {_barrier_of(b)}]" for t, (a, b) in sorted(planned.items())
-            )
-            raise BarrierBatchError(
-                f"job '{job.name}' batch {batch_id}: its barrier sources planned different "
-                f"batches: {shown}. Every input of a batch must end at the same barrier, so "
-                "nothing was committed and the query stops. This happens when the "
-                "MetaService stayed unreachable for one source of a trigger while another "
-                f"got an answer. The batch is not committed: delete offsets/{batch_id} "
-                "from the query's checkpoint and restart the query, which plans the batch "
-                "again",
-                code="sources_disagree",
-            )
-        ((start, end),) = ends
-        streamed = {s.options["table"]: StreamedInput.from_options(s.options) for s in mine}
-        return _Plan(start, end, streamed)
-
-    def _ask_barrier(self, batch_id: int, plan: _Plan | None, query_id: str) -> BatchBarrier | None:
-        """The MetaService's barrier for the batch Spark planned (``plan``: derived jobs),
-        waiting while it is unreachable; None when it says the batch is empty."""
-        job = self.job
-        start, end = plan.span if plan is not None else (None, None)
-        try:
-            answer: BatchBarrier = retry(
-                lambda: job.requests.ask(batch_id, start=start, end=end, query_id=query_id),
-                job.patience_s,
-                "get a batch barrier",
-            )
-        except ConflictError as exc:
-            if exc.code != "empty_range":
-                raise
-            log.debug("%s batch %d has nothing to read; skipped", job.name, batch_id)
-            return None
-        if plan is not None and (answer.start_barrier, answer.barrier) != plan.span:
-            raise BarrierBatchError(
-                f"job '{job.name}' batch {batch_id}: Spark planned barriers ({start}, {end}] "
-                f"but the MetaService gave ({answer.start_barrier}, {answer.barrier}]; "
-                "nothing was committed. Check that the query runs from this job's own "
-                "checkpoint and that the MetaService is up to date",
-                code="batch_plan_mismatch",
-            )
-        return answer
-
-    def _persisted(self, batch_id: int, barrier: int, snapshot: int | None) -> None:
-        if self.job.log is not None and snapshot is not None:
-            self.job.log.persisted(self.table, barrier, batch_id, snapshot)
-
-    def _report(self, batch_id: int, barrier: int, snapshot: int | None) -> None:
-        crash_point("after_commit", batch_id)
-        self.job.reporter.report(
-            {
-                "job": self.job.name,
-                "batch_id": batch_id,
-                "barrier": barrier,
-                "table": self.table,
-                "snapshot_id": snapshot,
-            }
-        )
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """A derived batch as Spark planned it: barriers ``(start, end]``, and how the
-    query streams each input (its barrier source's options)."""
-
-    start: int
-    end: int
-    streamed: dict[str, StreamedInput]
-
-    @property
-    def span(self) -> tuple[int, int]:
-        return (self.start, self.end)
-
-
-def _barrier_of(offset: Mapping[str, Any] | None) -> object:
-    return offset.get("barrier") if offset is not None else None
-
-
-def _refused(job: BarrierJob, batch_id: int, query_id: str, exc: ConflictError) -> Exception:
-    """The error that stops the query when the MetaService refuses a batch."""
-    if exc.code in ("query_reset", "batch_out_of_order"):
-        return BarrierBatchError(
-            f"job '{job.name}': batch {batch_id} comes from Spark query {query_id}, but the "
-            f"job's batches came from another query ({exc.message}). The query's checkpoint "
-            "was reset or deleted, or a new query was started under the job's name: Spark "
-            "numbers batches again from 0, and running them would skip or mis-stamp "
-            "batches. Nothing was committed and the query stops. Restart it from the job's "
-            "original checkpoint; to run it from a new checkpoint, make it a new job (a new "
-            "name, writing new tables) or delete the job first",
-            code=exc.code,
-        )
-    if exc.code == "batch_plan_mismatch":
-        return BarrierBatchError(
-            f"job '{job.name}' batch {batch_id}: the MetaService recorded other barriers "
-            f"for this batch than Spark planned ({exc.message}); nothing was committed and "
-            "the query stops. Check that the query runs from this job's own checkpoint",
-            code=exc.code,
-        )
-    if exc.code == "superseded":
-        return BarrierBatchError(
-            f"job '{job.name}' was replaced by a revision ({exc.message}): its tables are "
-            "the revision's now, and the revision's job writes them. Nothing was committed "
-            "and the query stops; run the revision's job instead (see metaservice revision "
-            "status)",
-            code=exc.code,
-        )
-    if exc.code == "batch_abandoned":
-        return BarrierBatchError(
-            f"job '{job.name}' batch {batch_id} was abandoned by an operator ({exc.message}); "
-            "this driver must not commit it, and the query stops. Restart the job only "
-            "after checking why its batch was abandoned",
-            code=exc.code,
-        )
-    return exc
-
-
-# Sink calls in progress, by query name (a job's query is named after the job).
-_batches_running: dict[str, int] = {}
-_batches_lock = threading.Lock()
-
-
-@contextmanager
-def _in_batch(query_name: str) -> Iterator[None]:
-    with _batches_lock:
-        _batches_running[query_name] = _batches_running.get(query_name, 0) + 1
-    try:
-        yield
-    finally:
-        with _batches_lock:
-            _batches_running[query_name] -= 1
-
-
-def _sink_busy(query_name: str) -> bool:
-    with _batches_lock:
-        return _batches_running.get(query_name, 0) > 0
-
-
-# Queries in stop_between_batches (their names are job names), with when it was asked.
-_stopping: dict[str, float] = {}
-# How long a batch's wait may go on after its query was asked to stop: a short wait
-# finishes and the batch commits (a clean stop); a stuck one ends.
-STOP_GRACE_S = 5.0
-
-
-def _stop_requested(query_name: str) -> bool:
-    """Whether ``query_name`` was asked to stop more than STOP_GRACE_S ago."""
-    with _batches_lock:
-        asked = _stopping.get(query_name)
-    return asked is not None and time.monotonic() - asked >= STOP_GRACE_S
-
-
-def stop_between_batches(query: StreamingQuery, timeout: float = 60.0) -> None:
-    """Stop ``query`` when its sink is between batches, so no commit is interrupted halfway.
-
-    A query that is behind runs its triggers back to back, so waiting for Spark to be
-    idle could wait forever; what matters is that no ``foreachBatch`` call is in the
-    middle of a commit. Interrupting one is safe (the next run replays it exactly once)
-    but noisy; after ``timeout`` seconds the query is stopped anyway.
-
-    A batch that is still waiting for another job (``ctx.read`` of a table not exact
-    yet) ``STOP_GRACE_S`` after the stop was asked gives up with ``BarrierBatchError``
-    code ``stopping``: Spark's stop waits for the running ``foreachBatch`` call to
-    return, which could otherwise take the job's whole patience.
-    """
-    name = query.name or ""
-    with _batches_lock:
-        _stopping[name] = time.monotonic()
-    try:
-        deadline = time.monotonic() + timeout
-        while query.isActive and _sink_busy(name) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        query.stop()
-    finally:
-        with _batches_lock:
-            _stopping.pop(name, None)
-
-
 _listeners: dict[tuple[int, str], BarrierListener] = {}
 _listeners_lock = threading.Lock()
 
@@ -877,275 +501,22 @@ def _token(client: MetaServiceClient) -> str | None:
     return auth.removeprefix("Bearer ") or None
 
 
-def register(
-    spark: SparkSession,
-    url: str,
-    *,
-    job: str,
-    inputs: Sequence[str] = (),
-    outputs: Mapping[str, StructType | None] | Sequence[str],
-    lookups: Sequence[str] = (),
-    description: str = "",
-    catalog_properties: Mapping[str, str] | None = None,
-    catalog_uri: str | None = None,
-    warehouse: str | None = None,
-    catalog: Catalog | None = None,
-    state_dir: str | Path | None = None,
-    token: str | None = None,
-    outbox: bool = True,
-    outbox_options: Mapping[str, Any] | None = None,
-    offline: bool = True,
-    patience_s: float = 3600.0,
-    read_lease_s: int = 3600,
-    partition_by: Mapping[str, Sequence[str]] | None = None,
-    revision: int | None = None,
-    log: str | None = None,
-    log_url: str | Sequence[str] | None = None,
-) -> BarrierJob:
-    """Register ``job`` with the MetaService and make ``spark`` ready to run it.
-
-    ``inputs`` are streamed (``job.source(table)``); ``lookups`` are tables a derived
-    job only reads as of each batch's barrier (``ctx.read(table)`` in the transform).
-    Both are the job's inputs for the MetaService, so its barriers wait for both.
-
-    Checks, failing fast with :class:`BarrierConfigError`: the MetaService answers,
-    the catalog loads and its warehouse can be written (a small object is written and
-    deleted there), every input and lookup table exists in the catalog, and no other
-    job writes the outputs. A failed check registers nothing and creates no table.
-    Output tables given with a schema are created when missing, partitioned as
-    ``partition_by`` says (output name -> spec such as ``["day(ordered_at)",
-    "bucket(16, item_id)"]``; see :mod:`spark_barrier.iceberg.partitioning`); every
-    output's schema and spec are checked before the job is registered and before any
-    table is created. Registers the barrier data source and a listener reporting the
-    query's progress.
-
-    The tables' catalog is any pyiceberg catalog, by its ``catalog_properties`` (as
-    ``pyiceberg.catalog.load_catalog`` takes them: ``type``, ``uri``, ``warehouse``,
-    ``s3.endpoint``...; see :mod:`spark_barrier.iceberg.catalog`). Without them it is
-    a SQL catalog at ``catalog_uri`` with tables under ``warehouse`` (a folder or an
-    ``s3://`` URI), each defaulting to the MetaService's own settings
-    (``METASERVICE_DB_URL``, ``METASERVICE_WAREHOUSE``): the catalog shares its
-    database. An open ``catalog`` is used by the driver as is; the barrier sources
-    (driver and executors) load the same catalog from its properties.
-    Reports go through a durable outbox under ``state_dir`` unless ``outbox=False``
-    (``outbox_options``: :class:`spark_barrier.outbox.Outbox` settings such as
-    ``max_bytes`` or ``fsync``).
-    A source job (no ``inputs``) with an outbox holds an offline grant unless
-    ``offline=False``: while the MetaService is unreachable its batches get barriers
-    of their own and go on committing (see ``spark_barrier.offline``). Other batches
-    wait up to ``patience_s`` for an unreachable MetaService before failing.
-    What ``ctx.read`` reads is leased for ``read_lease_s`` (released when its batch ends).
-    ``revision``: run the job in that revision (see :mod:`spark_barrier.revision`) as
-    the revision's job, on its mirror tables; the code keeps naming the original tables.
-    ``log``: give the outputs a log store (see :mod:`spark_barrier.log`): "embedded" (a
-    log service in this driver) or "external" (the one at ``log_url``, started by
-    ``metaservice log start``; a list of addresses spreads each partitioned output's
-    rows over those services by partition, see :mod:`metaservice.logstore.routing`).
-    """
-    log_mode = log  # (``log`` is the module's logger elsewhere)
-    properties = _catalog_properties(job, catalog_properties, catalog_uri, warehouse, catalog)
-    client = MetaServiceClient(url, token=token)
-    _check_reachable(client)
-    aliases: dict[str, str] = {}
-    if revision is not None:
-        running = _in_revision(client, job, revision)
-        job, aliases = running.job, dict(running.tables)
-        inputs, lookups = [running.table(t) for t in inputs], [running.table(t) for t in lookups]
-        if isinstance(outputs, Mapping):
-            outputs = {running.table(t): schema for t, schema in outputs.items()}
-        else:
-            outputs = [running.table(t) for t in outputs]
-        partition_by = {running.table(t): spec for t, spec in (partition_by or {}).items()}
-    if log_mode is not None or log_url is not None:
-        check_log_options(log_mode, log_url, job=job)
-    catalog = _check_catalog(job, catalog, properties)
-    catalog_options = {"catalog": json.dumps(properties), "catalog_name": catalog.name}
-    output_names = list(outputs)
-    _check_lookups(job, inputs, lookups)
-    _check_inputs(catalog, job, [*inputs, *lookups])
-    missing = _check_outputs(catalog, job, outputs, partition_by or {})
-    try:
-        client.put_job(
-            job, inputs=[*inputs, *lookups], outputs=output_names, description=description
-        )
-    except ConflictError as exc:
-        raise BarrierConfigError(f"MetaService refused job '{job}': {exc.message}") from exc
-    except ApiError as exc:
-        raise BarrierConfigError(f"MetaService refused job '{job}': {exc.message}") from exc
-    for name, (schema, spec) in missing.items():
-        ensure_table(catalog, name, schema, partition_by=spec)
-    job_log = open_job_log(spark, log_mode, log_url, client)
-    if job_log is not None:
-        try:
-            job_log.open(
-                client,
-                job,
-                {name: catalog.load_table(name) for name in output_names},
-                client.get_job(job).last_batch_id,
-                properties,
-            )
-        except Exception:
-            job_log.close()
-            raise
-    spark.dataSource.register(BarrierSource)
-    listener = _listener_for(spark, client)
-    listener.jobs.add(job)
-    manifests.install()  # the driver plans and commits every batch: read each manifest once
-    state = Path(state_dir or "spark-barrier-state") / job
-    state.mkdir(parents=True, exist_ok=True)
-    reporter: Reporter
-    offline_barriers = None
-    carrying: OutboxReporter | None = None
-    if outbox:
-        outbox_reporter = OutboxReporter(client, state / "outbox", **(outbox_options or {}))
-        if offline and not inputs:
-            offline_barriers = OfflineBarriers(client, job, outbox_reporter.outbox, state)
-            offline_barriers.report_in()  # reachable: _check_reachable passed
-        reporter = outbox_reporter
-        if not inputs:
-            carrying = outbox_reporter  # a derived job's reports go at once (carry.py)
-    else:
-        reporter = DirectReporter(client, give_up_after_s=patience_s)
-    # One request per batch: the batch's barrier request carries the last batch's
-    # report (source jobs), its progress and the offline-grant promise.
-    interval_ms = offline_barriers.interval_ms if offline_barriers is not None else None
-    carry_s = carry_seconds(interval_ms or int(SOURCE_TRIGGER_S * 1000))
-    if carrying is not None:
-        carrying.carry_s = carry_s
-    listener.carry(job, carry_s)
-    requests = BatchRequests(client, job, carrying, listener, offline_barriers)
-    if offline_barriers is not None:
-        offline_barriers.ask = lambda batch_id, query_id: requests.ask(batch_id, query_id=query_id)
-    logging.getLogger(__name__).info(
-        "job '%s' registered: inputs %s, outputs %s", job, list(inputs), output_names
+# Registration imports the job, so its names are loaded from here on first use.
+_REGISTRATION = frozenset(
+    (
+        "_catalog_properties",
+        "_check_catalog",
+        "_check_inputs",
+        "_check_lookups",
+        "_check_outputs",
+        "_check_reachable",
+        "_in_revision",
+        "register",
     )
-    return BarrierJob(
-        spark,
-        client,
-        catalog,
-        catalog_options,
-        job,
-        inputs,
-        output_names,
-        state,
-        reporter,
-        offline=offline_barriers,
-        patience_s=patience_s,
-        lookups=lookups,
-        read_lease_s=read_lease_s,
-        aliases=aliases,
-        revision=revision,
-        log=job_log,
-        requests=requests,
-        interval_ms=interval_ms,
-    )
+)
 
 
-def _in_revision(client: MetaServiceClient, job: str, revision: int) -> RevisionJob:
-    try:
-        return revision_job(client, job, revision)
-    except RevisionModeError as exc:
-        raise BarrierConfigError(str(exc)) from exc
-
-
-def _check_lookups(job: str, inputs: Sequence[str], lookups: Sequence[str]) -> None:
-    if lookups and not inputs:
-        raise BarrierConfigError(
-            f"job '{job}' declares lookups {list(lookups)} but no inputs: lookups are read "
-            "as of the barriers of a derived job's batches, which its streamed inputs drive"
-        )
-    both = sorted(set(inputs) & set(lookups))
-    if both:
-        raise BarrierConfigError(
-            f"job '{job}' declares {both} both as inputs and as lookups; an input is "
-            "streamed and can be read with ctx.read too, so declare it once"
-        )
-
-
-def _catalog_properties(
-    job: str,
-    properties: Mapping[str, str] | None,
-    catalog_uri: str | None,
-    warehouse: str | None,
-    catalog: Catalog | None,
-) -> dict[str, str]:
-    """The pyiceberg properties of the job's catalog, as its sources load it."""
-    if properties is not None and (catalog_uri or warehouse):
-        raise BarrierConfigError(
-            f"job '{job}' is given both catalog_properties and catalog_uri/warehouse (a "
-            "shorthand for the default SQL catalog); pass the catalog one way: put "
-            "'uri' and 'warehouse' in catalog_properties"
-        )
-    if properties is None:
-        if catalog is not None and not (catalog_uri or warehouse):
-            properties = catalog.properties  # the sources load the catalog given
-        else:
-            properties = sql_catalog_properties(catalog_uri, warehouse)
-    return normalised_properties(properties)
-
-
-def _check_catalog(job: str, catalog: Catalog | None, properties: Mapping[str, str]) -> Catalog:
-    """The job's catalog, loaded (unless given), with its warehouse writable."""
-    try:
-        catalog = catalog or load_catalog(properties, CATALOG_NAME)
-        check_warehouse(catalog)
-    except CatalogUnavailable as exc:
-        raise BarrierConfigError(f"job '{job}' cannot use its Iceberg catalog: {exc}") from exc
-    return catalog
-
-
-def _check_reachable(client: MetaServiceClient) -> None:
-    try:
-        client.list_jobs(limit=1)
-    except Unavailable as exc:
-        raise BarrierConfigError(
-            f"the MetaService at {client.url} is unreachable ({exc.__cause__ or exc}); "
-            "start it with `metaservice start` or pass the right url"
-        ) from exc
-
-
-def _check_inputs(catalog: Catalog, job: str, inputs: Sequence[str]) -> None:
-    for name in inputs:
-        if not catalog.table_exists(name):
-            raise BarrierConfigError(
-                f"input table '{name}' of job '{job}' does not exist in the catalog; "
-                "register the job that writes it first (with its schema), or fix the name"
-            )
-
-
-def _check_outputs(
-    catalog: Catalog,
-    job: str,
-    outputs: Mapping[str, StructType | None] | Sequence[str],
-    partition_by: Mapping[str, Sequence[str]],
-) -> dict[str, tuple[StructType, Sequence[str]]]:
-    """The outputs to create (name -> schema and partition spec), every one checked;
-    creates nothing, so a registration refused on one output leaves no table behind."""
-    schemas: Mapping[str, Any] = outputs if isinstance(outputs, Mapping) else dict.fromkeys(outputs)
-    unknown = sorted(set(partition_by) - set(schemas))
-    if unknown:
-        raise BarrierConfigError(
-            f"job '{job}' gives partition_by for {unknown}, which are not among its outputs "
-            f"{sorted(schemas)}"
-        )
-    missing: dict[str, tuple[StructType, Sequence[str]]] = {}
-    for name, schema in schemas.items():
-        spec = list(partition_by.get(name, ()))
-        if catalog.table_exists(name):
-            existing = catalog.load_table(name)
-            if spec and existing.spec().is_unpartitioned():
-                raise BarrierConfigError(
-                    f"output table '{name}' exists unpartitioned, but job '{job}' asks for "
-                    f"partition_by {spec}; drop partition_by, or create the table anew"
-                )
-            continue
-        if schema is None:
-            raise BarrierConfigError(
-                f"output table '{name}' does not exist; pass its schema: outputs={{'{name}': StructType(...)}}"
-            )
-        try:
-            check_partition_by(schema, spec)
-        except PartitionSpecError as exc:
-            raise BarrierConfigError(f"output table '{name}' of job '{job}': {exc}") from exc
-        missing[name] = (schema, spec)
-    return missing
+def __getattr__(name: str) -> Any:
+    if name in _REGISTRATION:
+        return getattr(importlib.import_module("spark_barrier.registration"), name)
+    raise AttributeError(f"module 'spark_barrier.job' has no attribute {name!r}")

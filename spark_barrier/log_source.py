@@ -50,7 +50,7 @@ def read_log(
     how to enable it."""
     from metaservice.client import MetaServiceClient
     from metaservice.logstore import log_address
-    from spark_barrier.job import _catalog_properties
+    from spark_barrier.registration import _catalog_properties
 
     if start not in ("latest", "earliest"):
         raise ValueError(f'start={start!r}: use "latest" or "earliest"')

@@ -21,7 +21,7 @@ round keeps the sources of one trigger agreeing.
 
 It only gives Spark offsets: a batch's partitions are one empty partition, and no
 input row ever passes through a Python worker. The batch's rows are read by the
-sink (``spark_barrier.job.BarrierSink``), which knows the planned ``(a, b]`` from
+sink (``spark_barrier.sink.BarrierSink``), which knows the planned ``(a, b]`` from
 Spark's plan: it plans the files of each input's snapshot range (the MetaService's
 mapping of those barriers, not the stamps on the table, which a late zombie commit
 could change) and Spark's native Parquet reader reads them on the executors

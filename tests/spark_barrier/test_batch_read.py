@@ -26,7 +26,7 @@ from metaservice.clock import ManualClock
 from metaservice.contract import encode_stamp
 from metaservice.migrate import upgrade
 from metaservice.settings import Settings
-from spark_barrier import BarrierBatchError, BarrierConfigError, BarrierJob, BatchContext
+from spark_barrier import BarrierBatchError, BarrierConfigError, BarrierJob, BatchContext, stopping
 from spark_barrier import job as job_module
 from spark_barrier.iceberg.catalog import ensure_table, open_catalog
 
@@ -219,7 +219,7 @@ def test_stopping_the_query_ends_a_batch_waiting_for_a_table(
     """query.stop() waits for the running foreachBatch call; a batch still waiting for a
     table that is not exact a grace period after the stop was asked gives up (code
     stopping) instead of after its patience."""
-    monkeypatch.setattr(job_module, "STOP_GRACE_S", 0.5)
+    monkeypatch.setattr(stopping, "STOP_GRACE_S", 0.5)
     client, _ = service
     enrich = job(client, tmp_path, patience_s=120)
     barrier = client.batch_barrier("src_items", 0).barrier  # never committed

@@ -13,7 +13,7 @@ from pyspark.sql import types as T
 from metaservice.barriers.schemas import BatchBarrier
 from metaservice.client import ConflictError
 from spark_barrier import BarrierBatchError, BarrierJob
-from spark_barrier import job as job_module
+from spark_barrier import sink as sink_module
 from spark_barrier.iceberg.catalog import ensure_table
 from spark_barrier.jvm import PlannedScan
 from spark_barrier.source import SOURCE_NAME
@@ -52,10 +52,10 @@ def scan(table: str, start: int, end: int, job: str = "join") -> PlannedScan:
 @pytest.fixture
 def make(catalog: Catalog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     ensure_table(catalog, "dw.out", SCHEMA)
-    monkeypatch.setattr(job_module, "running_query_id", lambda spark, name: "q-1")
+    monkeypatch.setattr(sink_module, "running_query_id", lambda spark, name: "q-1")
 
     def build(answer: Any, scans: list[PlannedScan], inputs: list[str]) -> tuple[Any, ...]:
-        monkeypatch.setattr(job_module, "planned_scans", lambda spark, query, batch: scans)
+        monkeypatch.setattr(sink_module, "planned_scans", lambda spark, query, batch: scans)
         client, reporter = Client(answer), Reporter()
         job = BarrierJob(
             spark=None,  # type: ignore[arg-type]
