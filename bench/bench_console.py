@@ -247,7 +247,7 @@ def statements_of_topology_reads(db_url: str, clock: Any) -> dict[str, int]:
     from metaservice.context import Context
     from metaservice.db import Database
     from metaservice.settings import Settings
-    from metaservice.topology import service as topology
+    from metaservice.topology import views as topology
 
     db = Database(db_url)
     ctx = Context(settings=Settings(db_url=db_url), clock=clock)

@@ -39,7 +39,7 @@ from metaservice.barriers import repository as barrier_repo
 from metaservice.context import Context
 from metaservice.models import SOURCE
 from metaservice.topology import repository as topology_repo
-from metaservice.topology import service as topology
+from metaservice.topology import views as topology
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)

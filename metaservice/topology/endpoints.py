@@ -9,7 +9,7 @@ from metaservice.deps import Paging, Services, json_response, paging, require, s
 from metaservice.errors import Invalid
 from metaservice.names import JOB_PATTERN
 from metaservice.schemas_common import Page, error_responses
-from metaservice.topology import service
+from metaservice.topology import service, views
 from metaservice.topology.schemas import (
     JobEvent,
     JobSpec,
@@ -62,12 +62,12 @@ def put_job(
 
 @router.get("/jobs", response_model=Page[JobView], responses=error_responses(413))
 def list_jobs(page: Paging = Depends(paging), s: Services = Depends(services)) -> Page[JobView]:
-    return s.db.read(lambda session: service.list_jobs(session, s.ctx, page.limit, page.offset))
+    return s.db.read(lambda session: views.list_jobs(session, s.ctx, page.limit, page.offset))
 
 
 @router.get("/jobs/{job}", response_model=JobView, responses=error_responses(404))
 def get_job(job: str, s: Services = Depends(services)) -> JobView:
-    return s.db.read(lambda session: service.get_job(session, s.ctx, job))
+    return s.db.read(lambda session: views.get_job(session, s.ctx, job))
 
 
 @events.post(
@@ -109,7 +109,7 @@ async def job_event(
         await s.db.write_async(lambda session: service.record_event(session, s.ctx, job, event))
         return Response(status_code=204, headers={"Preference-Applied": RETURN_MINIMAL})
     view = await s.db.write_async(
-        lambda session: service.job_view(
+        lambda session: views.job_view(
             session, s.ctx, service.record_event(session, s.ctx, job, event)
         )
     )
@@ -133,12 +133,12 @@ def delete_job(job: str, s: Services = Depends(services)) -> Response:
 
 @router.get("/tables", response_model=Page[TableView], responses=error_responses(413))
 def list_tables(page: Paging = Depends(paging), s: Services = Depends(services)) -> Page[TableView]:
-    return s.db.read(lambda session: service.list_tables(session, s.ctx, page.limit, page.offset))
+    return s.db.read(lambda session: views.list_tables(session, s.ctx, page.limit, page.offset))
 
 
 @router.get("/tables/{table}", response_model=TableView, responses=error_responses(404))
 def get_table(table: str, s: Services = Depends(services)) -> TableView:
-    return s.db.read(lambda session: service.get_table(session, s.ctx, table))
+    return s.db.read(lambda session: views.get_table(session, s.ctx, table))
 
 
 @router.put(
@@ -176,8 +176,8 @@ async def get_table_log(table: str, s: Services = Depends(services)) -> TableLog
     enable one)."""
     # The database is read and released first; the log services are asked from the event
     # loop, so no request thread waits on them.
-    log = await s.db.read_async(lambda session: service.table_log(session, table))
-    return await service.table_log_status(table, log, log_probe(s))
+    log = await s.db.read_async(lambda session: views.table_log(session, table))
+    return await views.table_log_status(table, log, log_probe(s))
 
 
 @router.delete(
@@ -209,7 +209,7 @@ def table_snapshots(
 ) -> Page[SnapshotView]:
     """The barrier-to-snapshot mapping of a table, oldest first."""
     return s.db.read(
-        lambda session: service.table_snapshots(
+        lambda session: views.table_snapshots(
             session, table, from_barrier, to_barrier, page.limit, page.offset
         )
     )
