@@ -159,24 +159,13 @@ SPARK_FIXTURES = {"spark", "spark_cluster"}
 
 def pytest_itemcollected(item: pytest.Item) -> None:
     fixtures = set(getattr(item, "fixturenames", ()))
-    # Every test that starts Spark is marked spark, so `-m spark` / `-m "not spark"` pick
-    # them.
-    if fixtures & SPARK_FIXTURES or item.get_closest_marker("spark"):
+    # Every test that starts Spark is marked spark: `make test` runs `-m spark` (one
+    # SparkSession, one cluster) in a pytest process beside `-m "not spark"`.
+    if fixtures & SPARK_FIXTURES:
         item.add_marker(pytest.mark.spark)
-        # One xdist group (`make test` runs --dist loadgroup): one worker runs them all,
-        # so they share its SparkSession and cluster.
-        item.add_marker(pytest.mark.xdist_group("spark"))
     # A test on the cluster starts several JVMs: select or skip it with -m slow too.
     if "spark_cluster" in fixtures:
         item.add_marker(pytest.mark.slow)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The Spark tests first: the longest group starts at once, and the tests without
-    Spark fill the other worker meanwhile and both workers afterwards (collected last, as
-    tests/spark_barrier is, the group would start when the rest is nearly done and run
-    alone)."""
-    items.sort(key=lambda item: item.get_closest_marker("spark") is None)
 
 
 @pytest.fixture(scope="session")

@@ -167,6 +167,10 @@ class ReplicaChanges:
     @staticmethod
     def _close(conn: Any) -> None:
         if conn is not None:
+            # Invalidated first: it closes the driver's connection with no reset, whose
+            # rollback on a connection the server dropped would log a traceback.
+            with contextlib.suppress(Exception):
+                conn.invalidate()
             with contextlib.suppress(Exception):  # closing a broken connection
                 conn.close()
         return None
