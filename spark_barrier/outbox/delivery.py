@@ -92,7 +92,11 @@ class Deliverer:
 
     def hold(self, seq: int, seconds: float) -> None:
         """Keep record ``seq`` and the later ones back for up to ``seconds`` (from now),
-        for another path to deliver; a hold already running keeps its (earlier) end."""
+        for another path to deliver; a hold already running keeps its (earlier) end. None
+        while delivery is failing: the service is unreachable, so no barrier request
+        will carry them either."""
+        if self._failures:
+            return
         with self._state:
             if self._held_until > time.monotonic() and self._held_from <= seq:
                 return
@@ -233,6 +237,7 @@ class Deliverer:
 
     def _failed(self, exc: Exception, what: str) -> None:
         self._failures += 1
+        self._held_until = 0.0  # unreachable: nothing will carry the held records
         if self._failures == 1:
             self._failing_since = time.monotonic()
             log.warning(
