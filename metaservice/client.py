@@ -5,7 +5,7 @@
     ...     ms.put_job("enrich", inputs=["ods.orders"], outputs=["dwd.order_detail"])
     ...     version = ms.consistent_version(["dwd.order_detail", "dws.item_revenue"])
 
-Errors:
+Errors are in :mod:`metaservice.client_errors` (re-exported here)::
 
     MetaServiceError
     ├── Unavailable            the service could not be reached (connection refused, timeout)
@@ -26,7 +26,6 @@ from pydantic import BaseModel
 
 from metaservice.barriers.schemas import (
     BatchBarrier,
-    Carried,
     CarriedBatchBarrier,
     CommitBatchResult,
     CommitReport,
@@ -34,6 +33,16 @@ from metaservice.barriers.schemas import (
     InputRange,
     NextBarrier,
     OfflineGrant,
+)
+from metaservice.client_errors import (
+    UNAVAILABLE_STATUSES,
+    ApiError,
+    ConflictError,
+    InvalidRequest,
+    MetaServiceError,
+    NotFoundError,
+    Unavailable,
+    error_for,
 )
 from metaservice.delay.schemas import Delay
 from metaservice.lifecycle.schemas import ExpiryPlan, ExpiryResult, Retention
@@ -61,74 +70,6 @@ __all__ = [
     "NotFoundError",
     "Unavailable",
 ]
-
-
-class MetaServiceError(Exception):
-    """Anything that went wrong talking to the MetaService."""
-
-
-class Unavailable(MetaServiceError):
-    """The MetaService could not be reached."""
-
-
-class ApiError(MetaServiceError):
-    def __init__(
-        self,
-        status: int,
-        code: str,
-        message: str,
-        field: str | None = None,
-        body: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(f"{status} {code}: {message}" + (f" (field {field})" if field else ""))
-        self.status = status
-        self.code = code
-        self.message = message
-        self.field = field
-        self.body = body or {}  # the whole error body (a refused barrier's ``carried``)
-
-    @property
-    def carried(self) -> Carried | None:
-        """What became of the parts a refused barrier request carried, if it carried any."""
-        data = self.body.get("carried")
-        return Carried.model_validate(data) if isinstance(data, dict) else None
-
-
-class InvalidRequest(ApiError):
-    pass
-
-
-class NotFoundError(ApiError):
-    pass
-
-
-class ConflictError(ApiError):
-    pass
-
-
-# Answers that mean "not now" rather than "no": a proxy without a backend, or a
-# service whose database is unreachable. Callers retry them like a refused connection.
-_UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
-
-
-def _error_for(response: httpx.Response) -> ApiError:
-    try:
-        body = response.json()
-    except ValueError:
-        body = {}
-    if not isinstance(body, dict):
-        body = {}
-    status = response.status_code
-    cls = {404: NotFoundError, 409: ConflictError}.get(status)
-    if cls is None:
-        cls = InvalidRequest if status in (400, 413, 422) else ApiError
-    return cls(
-        status,
-        str(body.get("code", "http_error")),
-        str(body.get("message", response.text[:300] or response.reason_phrase)),
-        body.get("field"),
-        body,
-    )
 
 
 class MetaServiceClient:
@@ -168,11 +109,11 @@ class MetaServiceClient:
             response = client.request(method, path, **kwargs)
         except httpx.TransportError as exc:
             raise Unavailable(f"MetaService at {self.url} is unreachable: {exc}") from exc
-        if response.status_code in _UNAVAILABLE_STATUSES:
-            error = _error_for(response)
+        if response.status_code in UNAVAILABLE_STATUSES:
+            error = error_for(response)
             raise Unavailable(f"MetaService at {self.url} is unavailable: {error}")
         if response.status_code >= 400:
-            raise _error_for(response)
+            raise error_for(response)
         if response.status_code == 204 or not response.content:
             return None
         return response.json()

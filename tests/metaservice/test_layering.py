@@ -49,12 +49,14 @@ sys.meta_path.insert(0, NotInstalled())
 """
 
 # metaservice modules the client side may load: the package roots (docstrings only),
-# the client, the contract, the catalog loading (pyiceberg's, which a Spark driver and
-# the service share), the clock, the settings object and the wire schemas.
+# the client and its errors, the contract, the catalog loading (pyiceberg's, which a
+# Spark driver and the service share), the clock, the settings object and the wire
+# schemas.
 CLIENT_SIDE = {
     "metaservice",
     "metaservice.catalog_loading",
     "metaservice.client",
+    "metaservice.client_errors",
     "metaservice.clock",
     "metaservice.contract",
     "metaservice.schemas_common",
