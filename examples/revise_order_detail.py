@@ -243,6 +243,10 @@ def revise(run: Run, *, warm_up_s: float, backlog_s: float, after_s: float) -> O
             f"the revision will start at barrier {start.barrier}; running {backlog_s:.0f}s more"
         )
         time.sleep(backlog_s)
+        # On a loaded machine the detail's job may not have committed past the start in
+        # that time: the revision has a backlog to catch up only once it has.
+        backlog = lambda: run.frontier("build_order_detail") > start.barrier  # noqa: E731
+        run.wait("commit of the detail's job past the revision's start", backlog, 180)
 
         reader.start()
         revision = run.client.create_revision(wp.DETAIL, out.from_barrier)

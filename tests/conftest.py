@@ -13,6 +13,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import quote
 
@@ -23,9 +24,9 @@ from sqlalchemy import create_engine, text
 from metaservice.app import create_app
 from metaservice.clock import ManualClock
 from metaservice.db import normalise_url
-from metaservice.migrate import upgrade
 from metaservice.settings import Settings
 from tests.cluster import StandaloneCluster
+from tests.migrated import migrate_fresh
 from tests.s3 import S3Server
 
 PG_ENV = "METASERVICE_TEST_PG_URL"
@@ -86,6 +87,13 @@ def _is_pytests(handler: logging.Handler) -> bool:
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     """A fresh, empty PostgreSQL schema for one test, dropped afterwards."""
+    with pg_schema() as url:
+        yield url
+
+
+@contextmanager
+def pg_schema() -> Iterator[str]:
+    """The URL of a fresh, empty PostgreSQL schema, dropped at the end."""
     base = pg_base_url()
     if base is None:
         pytest.skip(f"set {PG_ENV} to run the PostgreSQL tests")
@@ -108,9 +116,10 @@ def sqlite_url(tmp_path) -> str:  # type: ignore[no-untyped-def]
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def db_url(request) -> str:  # type: ignore[no-untyped-def]
-    """An empty database of each kind, migrated to head by ``alembic upgrade``."""
+    """An empty database of each kind at the migrations' head: the one ``alembic
+    upgrade`` makes, copied from one this process migrated (tests/migrated.py)."""
     url = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
-    upgrade(url)
+    migrate_fresh(url)
     return url  # type: ignore[no-any-return]
 
 

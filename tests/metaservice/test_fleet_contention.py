@@ -22,7 +22,6 @@ from fastapi.testclient import TestClient
 
 from metaservice.app import create_app
 from metaservice.db import NORMAL, OLDEST_EVERY, POLL, URGENT, Database, _Turns
-from metaservice.migrate import upgrade
 from metaservice.settings import Settings
 from tests.metaservice.helpers import (
     SLOT,
@@ -34,6 +33,7 @@ from tests.metaservice.helpers import (
     next_barrier,
     put_job,
 )
+from tests.migrated import migrate_fresh
 
 
 def answered_within(seconds: float, call: Callable[[], Any]) -> Any:
@@ -65,7 +65,7 @@ def job_row_locked(db_url: str, job: str) -> AbstractContextManager[None]:
 
 
 def test_a_round_does_not_wait_for_a_locked_idle_source_and_decides_without_it(pg_url, clock):
-    upgrade(pg_url)
+    migrate_fresh(pg_url)
     with custom_client(pg_url, clock) as client:
         put_job(client, "s", ["ods.s"])
         put_job(client, "d", ["dw.d"], inputs=["ods.s"])
@@ -92,7 +92,7 @@ def test_a_round_does_not_wait_for_a_locked_idle_source_and_decides_without_it(p
 
 
 def test_a_round_does_not_wait_for_a_locked_upstream_job(pg_url, clock):
-    upgrade(pg_url)
+    migrate_fresh(pg_url)
     with custom_client(pg_url, clock) as client:
         put_job(client, "s", ["ods.s"])
         put_job(client, "d1", ["dw.a"], inputs=["ods.s"])
@@ -200,7 +200,7 @@ def test_a_coroutine_waits_for_its_turn_without_a_thread_and_gives_it_back():
 
 
 def test_a_unit_of_work_inside_another_does_not_wait_for_a_second_turn(sqlite_url):
-    upgrade(sqlite_url)
+    migrate_fresh(sqlite_url)
     db = Database(sqlite_url, max_transactions=1)
     try:
         inner = db.read(lambda _s: db.read(lambda s: s.execute(sa.text("SELECT 1")).scalar()))
@@ -219,7 +219,7 @@ def test_a_unit_of_work_inside_another_does_not_wait_for_a_second_turn(sqlite_ur
 def test_the_services_setting_bounds_its_transactions(sqlite_url, clock):
     """``max_transactions=1``: while one unit of work runs, a request waits for its turn,
     and is answered once that unit ends."""
-    upgrade(sqlite_url)
+    migrate_fresh(sqlite_url)
     settings = Settings(db_url=sqlite_url, max_transactions=1)
     with TestClient(create_app(settings, clock)) as client:
         db = client.app.state.services.db  # type: ignore[attr-defined]

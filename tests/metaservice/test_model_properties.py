@@ -47,7 +47,6 @@ from metaservice.clock import ManualClock
 from metaservice.contract import encode_stamp
 from metaservice.db import normalise_url
 from metaservice.lifecycle import service as lifecycle
-from metaservice.migrate import upgrade
 from metaservice.reconcile.schemas import Stamp
 from metaservice.reconcile.service import reconcile as reconcile_stamps
 from metaservice.settings import Settings
@@ -91,6 +90,7 @@ from tests.metaservice.simulation import (
     schedules,
     topologies,
 )
+from tests.migrated import migrate_fresh
 
 _EXAMPLES = int(os.environ.get("METASERVICE_PROPERTY_EXAMPLES", "0"))
 _NO_SHRINK = os.environ.get("METASERVICE_PROPERTY_NO_SHRINK", "") not in ("", "0")
@@ -129,7 +129,7 @@ def _database(backend: str) -> Iterator[str]:
     if backend == "sqlite":
         with tempfile.TemporaryDirectory(prefix="ms-prop-") as folder:
             url = f"sqlite:///{folder}/metaservice.db"
-            upgrade(url)
+            migrate_fresh(url)
             yield url
         return
     base = pg_base_url()
@@ -141,7 +141,7 @@ def _database(backend: str) -> Iterator[str]:
             conn.execute(text(f"CREATE SCHEMA {schema}"))
         try:
             url = _with_search_path(base, schema)
-            upgrade(url)
+            migrate_fresh(url)
             yield url
         finally:
             with admin.connect() as conn:

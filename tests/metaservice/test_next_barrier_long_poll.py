@@ -16,7 +16,6 @@ import pytest
 from fastapi.testclient import TestClient
 
 from metaservice.barriers import endpoints
-from metaservice.migrate import upgrade
 from tests.metaservice.helpers import (
     SLOT,
     commit,
@@ -28,6 +27,7 @@ from tests.metaservice.helpers import (
     run_batch,
 )
 from tests.metaservice.test_statement_counts import counting
+from tests.migrated import migrate_fresh
 
 
 def two_layers(client: TestClient, clock: Any) -> int:
@@ -68,7 +68,7 @@ def test_a_waiting_long_poll_is_woken_by_the_report_that_makes_its_batch_ready(
 
 
 def test_a_long_poll_on_another_replica_answers_soon_after_the_report(pg_url, clock):
-    upgrade(pg_url)
+    migrate_fresh(pg_url)
     with custom_client(pg_url, clock) as one, custom_client(pg_url, clock) as other:
         b0 = two_layers(one, clock)
         thread, answers = in_thread(
@@ -87,7 +87,7 @@ def test_a_report_on_one_replica_wakes_a_long_poll_on_another(pg_url, clock, mon
     # Looking again on its own only every 10 s: an answer well before that came from
     # the other replica's NOTIFY (metaservice/barriers/replica_changes.py).
     monkeypatch.setattr(endpoints, "NEXT_BARRIER_RECHECK_S", 10.0)
-    upgrade(pg_url)
+    migrate_fresh(pg_url)
     with custom_client(pg_url, clock) as one, custom_client(pg_url, clock) as other:
         for replica in (one, other):
             replicas = replica.app.state.services.changes.on_local.__self__  # type: ignore[attr-defined,union-attr]
@@ -110,7 +110,7 @@ def test_replicas_of_other_schemas_do_not_hear_each_other(pg_url, clock):
 
     from metaservice.barriers.replica_changes import ReplicaChanges, channel_for
 
-    upgrade(pg_url)
+    migrate_fresh(pg_url)
     with custom_client(pg_url, clock) as one:
         mine = one.app.state.services.changes.on_local.__self__  # type: ignore[union-attr]
         assert isinstance(mine, ReplicaChanges)
