@@ -82,7 +82,9 @@ def create_app(settings: Settings | None = None, clock: Clock | None = None) -> 
         schedule = start_schedule(db, app.state.services.ctx)
         emitting = start_emitting(db, app.state.services.ctx)
         replicas = start_replica_changes(settings.db_url, app.state.services.changes)
-        advancer = app.state.advancer = start_advancer(db, app.state.services.ctx)
+        advancer = app.state.advancer = start_advancer(
+            db, app.state.services.ctx, app.state.services.changes
+        )
         try:
             yield
         finally:

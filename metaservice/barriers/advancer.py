@@ -30,6 +30,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session
 
 from metaservice.barriers import watermark
+from metaservice.barriers.changes import EVERY_JOB, Changes
 from metaservice.barriers.idle import advance_idle_many
 from metaservice.context import Context
 from metaservice.db import Database
@@ -66,8 +67,8 @@ class Advancer:
     """Runs :func:`tick` as each slot of ``ctx``'s clock starts, on a daemon thread,
     while this replica leads (see the module docstring)."""
 
-    def __init__(self, db: Database, ctx: Context) -> None:
-        self.db, self.ctx = db, ctx
+    def __init__(self, db: Database, ctx: Context, changes: Changes | None = None) -> None:
+        self.db, self.ctx, self.changes = db, ctx, changes
         self.ticks = 0
         self._stop = threading.Event()
         self._leader: Connection | None = None
@@ -91,8 +92,7 @@ class Advancer:
                 return
             try:
                 if self._leads():
-                    tick(self.db, self.ctx)
-                    self.ticks += 1
+                    self.run_once()
             except (DBAPIError, PoolTimeout) as exc:  # the database unreachable: next slot
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc)
                 log.warning("advancer tick failed (%s); the next one is a slot from now", first)
@@ -100,6 +100,15 @@ class Advancer:
             except Exception:  # a failed round: next slot
                 log.exception("advancer tick failed; the next one is a slot from now")
                 self._resign()
+
+    def run_once(self) -> Tick:
+        """One tick; then the long polls of this replica (and, through theirs, of the
+        others) are told that every job may have moved, if the tick moved anything."""
+        done = tick(self.db, self.ctx)
+        self.ticks += 1
+        if self.changes is not None and (done.raised is not None or done.advanced):
+            self.changes.notify_threadsafe([EVERY_JOB])
+        return done
 
     def _leads(self) -> bool:
         if self.db.engine.dialect.name != "postgresql":
@@ -129,8 +138,8 @@ class Advancer:
             self._leader = None
 
 
-def start_advancer(db: Database, ctx: Context) -> Advancer | None:
+def start_advancer(db: Database, ctx: Context, changes: Changes | None = None) -> Advancer | None:
     """The background advancer when the settings ask for one, started; None otherwise."""
     if ctx.idle_advance != "background":
         return None
-    return Advancer(db, ctx).start()
+    return Advancer(db, ctx, changes).start()

@@ -14,14 +14,19 @@ A change that lands between :meth:`mark` and :meth:`wait` is not lost: ``wait``
 returns at once. On PostgreSQL, other replicas' changes arrive too
 (:mod:`~metaservice.barriers.replica_changes`: ``LISTEN/NOTIFY``, sent after commit and
 coalesced). Not every write path notifies; the poll looks again on its own after a
-short timeout (the resync), which covers those and the clock (an idle source's
-frontier moves with time alone).
+short timeout (the resync), which covers those. The per-slot advancer, which moves
+idle sources' frontiers (the watermark) and idle derived jobs, tells every poll at
+once (:data:`EVERY_JOB`) after its tick committed, so a poll waiting on an idle
+source looks again as soon as the slot's watermark is raised, not at its resync.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
+
+# Not a job name (those are letters, digits, '_', '.', '-'): "every job may have moved".
+EVERY_JOB = "*"
 
 
 class Changes:
@@ -48,6 +53,11 @@ class Changes:
         ``remote``: told by another replica (not passed on again)."""
         names = list(names)
         self._generation += 1
+        if EVERY_JOB in names:
+            self._moved_at[EVERY_JOB] = self._generation
+            for waiting in self._waiters.values():
+                for event in waiting:
+                    event.set()
         for name in names:
             self._moved_at[name] = self._generation
             for event in self._waiters.get(name, ()):
@@ -66,7 +76,7 @@ class Changes:
         seconds pass; whether one moved."""
         self._loop = asyncio.get_running_loop()
         wanted = set(names)
-        if any(self._moved_at.get(name, 0) > since for name in wanted):
+        if any(self._moved_at.get(name, 0) > since for name in (*wanted, EVERY_JOB)):
             return True
         event = asyncio.Event()
         for name in wanted:
