@@ -5,15 +5,10 @@
     ...     ms.put_job("enrich", inputs=["ods.orders"], outputs=["dwd.order_detail"])
     ...     version = ms.consistent_version(["dwd.order_detail", "dws.item_revenue"])
 
-Errors are in :mod:`metaservice.client_errors` (re-exported here)::
-
-    MetaServiceError
-    ├── Unavailable            the service could not be reached (connection refused, timeout)
-    │                          or answered 502/503/504 (e.g. its database is restarting)
-    └── ApiError               the service answered 4xx/5xx; .status, .code, .message, .field
-        ├── InvalidRequest     400, 413, 422
-        ├── NotFoundError      404
-        └── ConflictError      409
+Its errors (``MetaServiceError`` and below: ``Unavailable``, ``ApiError`` with
+``InvalidRequest``, ``NotFoundError``, ``ConflictError``) are in
+:mod:`metaservice.client_errors`, which says what each means; they are importable from
+here too.
 """
 
 from __future__ import annotations
