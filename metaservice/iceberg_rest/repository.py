@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -11,10 +12,8 @@ from sqlalchemy.orm import Session
 from metaservice.models import (
     DERIVED,
     CatalogSession,
-    CatalogSessionTable,
     Job,
     Lease,
-    LeaseSnapshot,
     Revision,
     RevisionTable,
     Table,
@@ -24,10 +23,15 @@ from metaservice.models.revisions import ACTIVE, SWAPPED
 
 @dataclass(frozen=True)
 class SessionRow:
+    """A session and its lease; ``tables`` maps each table's name in the session to
+    (its id, its snapshot at the version)."""
+
     lease_id: str
     warehouse: str
     barrier: int
     expires_ms: int
+    all_tables: bool
+    tables: dict[str, tuple[int, int | None]]
 
 
 @dataclass(frozen=True)
@@ -73,46 +77,68 @@ def readable_tables(session: Session) -> list[str]:
 
 
 def add_session(
-    session: Session, lease_id: str, warehouse: str, tables: Mapping[str, int], now_ms: int
+    session: Session,
+    lease_id: str,
+    warehouse: str,
+    tables: Mapping[str, tuple[int, int | None]],
+    now_ms: int,
 ) -> None:
-    session.add(CatalogSession(lease_id=lease_id, warehouse=warehouse, created_ms=now_ms))
-    session.flush()
-    rows = [{"lease_id": lease_id, "name": n, "table_id": t} for n, t in tables.items()]
-    if rows:  # one statement for all the session's tables
-        session.execute(insert(CatalogSessionTable), rows)
+    """One row, whatever the table count: the tables go in as one JSON object."""
+    encoded = json.dumps({name: list(pin) for name, pin in tables.items()}, sort_keys=True)
+    session.execute(
+        insert(CatalogSession).values(
+            lease_id=lease_id, warehouse=warehouse, created_ms=now_ms, tables=encoded
+        )
+    )
 
 
 def session_row(session: Session, lease_id: str) -> SessionRow | None:
     row = session.execute(
-        select(CatalogSession.lease_id, CatalogSession.warehouse, Lease.barrier, Lease.expires_ms)
+        select(
+            CatalogSession.lease_id,
+            CatalogSession.warehouse,
+            Lease.barrier,
+            Lease.expires_ms,
+            Lease.all_tables,
+            CatalogSession.tables,
+        )
         .join(Lease, Lease.id == CatalogSession.lease_id)
         .where(CatalogSession.lease_id == lease_id)
     ).one_or_none()
-    return None if row is None else SessionRow(*row)
+    if row is None:
+        return None
+    lease, warehouse, barrier, expires_ms, all_tables, encoded = row
+    tables = {name: (pin[0], pin[1]) for name, pin in json.loads(encoded).items()}
+    return SessionRow(lease, warehouse, barrier, expires_ms, all_tables, tables)
 
 
-def session_tables(session: Session, lease_id: str, name: str | None = None) -> list[SessionTable]:
-    """The session's tables (or the one read as ``name``), by name."""
-    query = (
-        select(
-            CatalogSessionTable.name,
-            CatalogSessionTable.table_id,
-            Table.name,
-            LeaseSnapshot.snapshot_id,
-            Table.expiry_horizon,
+def session_tables(
+    session: Session, row: SessionRow, name: str | None = None
+) -> list[SessionTable]:
+    """The session's tables (or the one read as ``name``), by name, with their current
+    names and expiry horizons as this statement reads them; a table deleted since the
+    session began is left out."""
+    if name is None:
+        wanted = sorted(row.tables.items())
+    elif name in row.tables:
+        wanted = [(name, row.tables[name])]
+    else:
+        return []
+    ids = sorted({table_id for _, (table_id, _) in wanted})
+    if not ids:
+        return []
+    found = {
+        table_id: (current, horizon)
+        for table_id, current, horizon in session.execute(
+            select(Table.id, Table.name, Table.expiry_horizon).where(Table.id.in_(ids))
         )
-        .join(Table, Table.id == CatalogSessionTable.table_id)
-        .join(
-            LeaseSnapshot,
-            (LeaseSnapshot.lease_id == CatalogSessionTable.lease_id)
-            & (LeaseSnapshot.table_id == CatalogSessionTable.table_id),
-        )
-        .where(CatalogSessionTable.lease_id == lease_id)
-        .order_by(CatalogSessionTable.name)
-    )
-    if name is not None:
-        query = query.where(CatalogSessionTable.name == name)
-    return [SessionTable(*row) for row in session.execute(query)]
+    }
+    tables = []
+    for read_as, (table_id, snapshot) in wanted:
+        if table_id in found:
+            current, horizon = found[table_id]
+            tables.append(SessionTable(read_as, table_id, current, snapshot, horizon))
+    return tables
 
 
 def extend_lease(session: Session, lease_id: str, now_ms: int, expires_ms: int) -> bool:

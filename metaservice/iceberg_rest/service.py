@@ -15,9 +15,12 @@ name it has then, so that one query loading a table several times reads one vers
 and a revision swapped in afterwards does not change what the session reads. Every
 request of the session renews the lease once half of it has passed; a session idle for
 ``catalog_session_idle_seconds`` ends with its lease, and its snapshots may then be
-expired. Renewing takes the tables' row locks shared and checks their expiry horizons,
-as granting a lease does (``versions.service.create_lease``): an expiry reserved meanwhile
-either keeps the session's snapshots or ends the session, never both.
+expired. A ``consistent`` or ``at:`` session's lease is one of all tables (one row that
+keeps each table's snapshot at its barrier, ``versions.service.create_lease_of_all_tables``),
+so configuring a session writes two rows whatever the table count; a tag's session
+leases the tag's snapshots. Renewing takes the lock its grant took and checks the
+tables' expiry horizons, as granting does: an expiry reserved meanwhile either keeps
+the session's snapshots or ends the session, never both.
 
 Errors are raised as :class:`CatalogError`, which the router answers in the REST spec's
 form (``{"error": {"message", "type", "code"}}``).
@@ -105,17 +108,29 @@ def _barrier_of(text: str) -> int:
 
 
 def open_session(session: Session, ctx: Context, text: str | None) -> str:
-    """Fix the version of a new catalog session and pin it; the session's id."""
+    """Fix the version of a new catalog session and pin it; the session's id.
+
+    A ``consistent`` or ``at:`` version is pinned by a lease of all tables (one row); a
+    tag's by a lease of its snapshots (a tag may name snapshots no consistent version at
+    its barrier names now, e.g. after a revision)."""
     warehouse = parse_warehouse(text)
     version = _version(session, ctx, warehouse)
     seconds = ctx.settings.catalog_session_idle_seconds
-    leased, found = versions.create_lease_of_tables(session, ctx, version, seconds)
+    pin = (
+        versions.create_lease_of_tables
+        if warehouse.kind == "tag"
+        else versions.create_lease_of_all_tables
+    )
+    try:
+        leased, found = pin(session, ctx, version, seconds)
+    except Conflict as exc:  # expired or swapped while this request ran
+        raise _refused(warehouse, exc) from None
     assert leased.lease_id is not None
     repo.add_session(
         session,
         leased.lease_id,
         (text or DEFAULT_WAREHOUSE).strip()[:_MAX_WAREHOUSE],
-        {name: found[name].id for name in version.snapshots},
+        {name: (found[name].id, snapshot) for name, snapshot in version.snapshots.items()},
         ctx.now_ms(),
     )
     return leased.lease_id
@@ -132,13 +147,24 @@ def _version(session: Session, ctx: Context, warehouse: Warehouse) -> Consistent
     names = repo.readable_tables(session)
     if not names:
         return ConsistentVersion(barrier=0, snapshots={})
-    versions.seal_writers(session, ctx, names)  # nothing, unless readers catch up
     try:
-        return versions.consistent_version(session, ctx, names, warehouse.barrier)
+        version = versions.version_unless_sealing(session, ctx, names, warehouse.barrier)
+        if version is None:  # only where readers catch up (no advancer runs)
+            versions.seal_writers(session, ctx, names)
+            version = versions.consistent_version(session, ctx, names, warehouse.barrier)
+        return version
     except Conflict as exc:
-        if warehouse.kind == "at":
-            raise bad_request(f"warehouse 'at:{warehouse.barrier}': {exc.message}") from None
-        raise CatalogError(503, "ServiceUnavailableException", exc.message) from None
+        raise _refused(warehouse, exc) from None
+
+
+def _refused(warehouse: Warehouse, exc: Conflict) -> CatalogError:
+    """A version refused: the client's choice for ``at:`` and ``tag:`` (400), a moment's
+    for ``consistent`` (503: the next attempt finds another version)."""
+    if warehouse.kind == "at":
+        return bad_request(f"warehouse 'at:{warehouse.barrier}': {exc.message}")
+    if warehouse.kind == "tag":
+        return bad_request(f"warehouse 'tag:{warehouse.tag}': {exc.message}")
+    return CatalogError(503, "ServiceUnavailableException", exc.message)
 
 
 @dataclass(frozen=True)
@@ -163,22 +189,29 @@ def view_session(
     return SessionView(
         warehouse=row.warehouse,
         barrier=row.barrier,
-        tables=repo.session_tables(session, lease_id, table),
+        tables=repo.session_tables(session, row, table),
         renew=row.expires_ms - now < idle_ms // 2,
     )
 
 
 def renew_session(session: Session, ctx: Context, lease_id: str) -> None:
-    """Extend a live session's lease by the idle time, under the tables' shared row locks
-    (as a lease grant takes them); the session ends (400) if an expiry has passed one of
-    its snapshots or its lease ended meanwhile."""
-    ids = sorted({t.table_id for t in repo.session_tables(session, lease_id)})
-    versions_repo.lock_tables(session, ids, exclusive=False)
-    tables = repo.session_tables(session, lease_id)  # the horizons as the locks hold them
+    """Extend a live session's lease by the idle time, under the lock a grant of its
+    lease takes (the pins lock shared for a lease of all tables, else its tables' rows
+    shared); the session ends (400) if an expiry has passed one of its snapshots or its
+    lease ended meanwhile."""
     row = repo.session_row(session, lease_id)
+    if row is None:
+        raise _ended(ctx, lease_id, False)
+    if row.all_tables:
+        versions_repo.hold_pins_lock(session, exclusive=False)
+    else:
+        ids = sorted({table_id for table_id, _ in row.tables.values()})
+        versions_repo.lock_tables(session, ids, exclusive=False)
+    row = repo.session_row(session, lease_id)  # its lease as the lock holds it
     now = ctx.now_ms()
     if row is None or row.expires_ms <= now:
         raise _ended(ctx, lease_id, row is not None)
+    tables = repo.session_tables(session, row)  # the horizons as the lock holds them
     if any(versions.may_be_expired(row.barrier, t.snapshot_id, t.expiry_horizon) for t in tables):
         raise _ended(ctx, lease_id, True)
     idle_ms = ctx.settings.catalog_session_idle_seconds * 1000

@@ -70,6 +70,7 @@ def reserve_expiry(session: Session, ctx: Context, table: str) -> ExpiryPlan:
     revisions.refuse_pending_mirror(session, table)
     swap.refuse_unfinished_swap(session, [table], "expiring")
     found = topo.require_table(session, table)
+    lease_repo.hold_pins_lock(session, exclusive=True)  # leases of all tables
     locked = lease_repo.lock_tables(session, [found.id], exclusive=True)
     if not locked:
         raise NotFound(f"table '{table}' was deleted while this request ran", field="table")

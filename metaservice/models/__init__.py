@@ -3,7 +3,7 @@
 from metaservice.models.auth import ApiToken
 from metaservice.models.barriers import Batch, BatchInput, BatchPlan, ClockState, Commit
 from metaservice.models.base import Base
-from metaservice.models.catalog_sessions import CatalogSession, CatalogSessionTable
+from metaservice.models.catalog_sessions import CatalogSession
 from metaservice.models.leases import Lease, LeaseSnapshot
 from metaservice.models.lifecycle import ExpiredSnapshot, TableRetention
 from metaservice.models.openlineage import (
@@ -26,7 +26,6 @@ __all__ = [
     "BatchInput",
     "BatchPlan",
     "CatalogSession",
-    "CatalogSessionTable",
     "ClockState",
     "Commit",
     "ExpiredSnapshot",

@@ -1,8 +1,13 @@
-"""Leases pin the snapshots of a consistent version against expiry until they end."""
+"""Leases pin the snapshots of a consistent version against expiry until they end.
+
+A lease pins either the snapshots its ``lease_snapshots`` rows name (a lease asked for
+with ``lease_seconds``, a tag's catalog session), or, with ``all_tables``, on every table
+the snapshot at its barrier (a catalog session on ``consistent`` or ``at:``, whose version
+is exactly that: one row, whatever the table count)."""
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, ForeignKey, String
+from sqlalchemy import BigInteger, Boolean, ForeignKey, String, false
 from sqlalchemy.orm import Mapped, mapped_column
 
 from metaservice.models.base import Base
@@ -15,6 +20,7 @@ class Lease(Base):
     barrier: Mapped[int] = mapped_column(BigInteger)
     created_ms: Mapped[int] = mapped_column(BigInteger)
     expires_ms: Mapped[int] = mapped_column(BigInteger, index=True)
+    all_tables: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class LeaseSnapshot(Base):

@@ -2,39 +2,54 @@
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from sqlalchemy import Subquery, func, select, union_all
 from sqlalchemy.orm import Session, aliased
 
-from metaservice.models import Lease, LeaseSnapshot
+from metaservice.barriers.repository.snapshots import snapshot_at_sql
+from metaservice.models import Lease, LeaseSnapshot, Table
+
+
+def _leases_on(table_id: int, now_ms: int) -> Subquery:
+    """The table's unexpired leases as (id, barrier, snapshot, created, expires, tables):
+    those naming its snapshot, and those of all tables (its snapshot at their barrier;
+    they pin every table)."""
+    pinned = aliased(LeaseSnapshot)
+    width = select(func.count()).select_from(pinned).where(pinned.lease_id == Lease.id)
+    named = (
+        select(
+            Lease.id,
+            Lease.barrier,
+            LeaseSnapshot.snapshot_id,
+            Lease.created_ms,
+            Lease.expires_ms,
+            width.scalar_subquery().label("tables"),
+        )
+        .join(LeaseSnapshot, LeaseSnapshot.lease_id == Lease.id)
+        .where(LeaseSnapshot.table_id == table_id, Lease.expires_ms > now_ms)
+    )
+    every = select(
+        Lease.id,
+        Lease.barrier,
+        snapshot_at_sql(table_id, Lease.barrier).correlate(Lease).scalar_subquery(),
+        Lease.created_ms,
+        Lease.expires_ms,
+        select(func.count()).select_from(Table).scalar_subquery(),
+    ).where(Lease.all_tables, Lease.expires_ms > now_ms)
+    return union_all(named, every).subquery()
 
 
 def count_live_leases(session: Session, table_id: int, now_ms: int) -> int:
-    return session.execute(
-        select(func.count())
-        .select_from(LeaseSnapshot)
-        .join(Lease, Lease.id == LeaseSnapshot.lease_id)
-        .where(LeaseSnapshot.table_id == table_id, Lease.expires_ms > now_ms)
-    ).scalar_one()
+    leases = _leases_on(table_id, now_ms)
+    return session.execute(select(func.count()).select_from(leases)).scalar_one()
 
 
 def live_leases(
     session: Session, table_id: int, now_ms: int, limit: int, offset: int
-) -> list[tuple[Lease, int | None, int]]:
-    """(lease, the table's pinned snapshot, tables pinned) of the table's unexpired
-    leases, soonest to expire first."""
-    pinned = aliased(LeaseSnapshot)
-    width = (
-        select(func.count())
-        .select_from(pinned)
-        .where(pinned.lease_id == Lease.id)
-        .scalar_subquery()
-    )
+) -> list[tuple[str, int, int | None, int, int, int]]:
+    """(lease id, barrier, the table's pinned snapshot, created, expires, tables pinned)
+    of the table's unexpired leases, soonest to expire first."""
+    leases = _leases_on(table_id, now_ms)
     rows = session.execute(
-        select(Lease, LeaseSnapshot.snapshot_id, width)
-        .join(LeaseSnapshot, LeaseSnapshot.lease_id == Lease.id)
-        .where(LeaseSnapshot.table_id == table_id, Lease.expires_ms > now_ms)
-        .order_by(Lease.expires_ms, Lease.id)
-        .limit(limit)
-        .offset(offset)
+        select(leases).order_by(leases.c.expires_ms, leases.c.id).limit(limit).offset(offset)
     )
-    return [(lease, snapshot, tables) for lease, snapshot, tables in rows]
+    return [tuple(row) for row in rows]

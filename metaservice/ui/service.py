@@ -18,14 +18,16 @@ def table_leases(
     now = ctx.now_ms()
     items = [
         TableLease(
-            lease_id=lease.id,
-            barrier=lease.barrier,
+            lease_id=lease_id,
+            barrier=barrier,
             snapshot_id=snapshot,
-            created_ms=lease.created_ms,
-            expires_ms=lease.expires_ms,
+            created_ms=created,
+            expires_ms=expires,
             tables=tables,
         )
-        for lease, snapshot, tables in repo.live_leases(session, found.id, now, limit, offset)
+        for lease_id, barrier, snapshot, created, expires, tables in repo.live_leases(
+            session, found.id, now, limit, offset
+        )
     ]
     total = repo.count_live_leases(session, found.id, now)
     return Page(items=items, total=total, limit=limit, offset=offset)

@@ -1,13 +1,16 @@
-"""Queries about the tables of a version and their writers, leases, and the table
-locks that order leases against expiry."""
+"""Queries about the tables of a version and their writers, leases, and the locks that
+order leases against expiry: the tables' row locks (a lease of named snapshots takes its
+tables' shared, an expiry reservation its table's exclusive) and, for leases of all
+tables, the pins lock (:func:`hold_pins_lock`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import bindparam, select, text
 from sqlalchemy.orm import Session
 
+from metaservice.barriers.repository import snapshots
 from metaservice.models import Job, Lease, LeaseSnapshot, Table
 from metaservice.topology.repository import storable
 
@@ -25,6 +28,41 @@ def tables_with_writers(session: Session, names: Sequence[str]) -> list[tuple[Ta
     if not names:
         return []
     return [(t, j) for t, j in session.execute(_TABLES_WITH_WRITERS, {"names": names})]
+
+
+# Advisory lock class id (watermark.py holds the others): leases of all tables take it
+# shared, an expiry reservation exclusive; the second key is hashtext(current_schema()).
+PINS_LOCK = 7_246_034
+_PINS_SHARED = text("SELECT pg_advisory_xact_lock_shared(:k, hashtext(current_schema()))")
+_PINS_EXCLUSIVE = text("SELECT pg_advisory_xact_lock(:k, hashtext(current_schema()))")
+
+
+def hold_pins_lock(session: Session, *, exclusive: bool) -> None:
+    """G5's lock for leases of all tables, to the end of the transaction (PostgreSQL;
+    SQLite's BEGIN IMMEDIATE already serialises writers).
+
+    A lease of all tables pins a snapshot of every table, so locking their rows would
+    cost a row lock per table (1,000 for a catalog session on 1,000 tables). It takes
+    this one lock shared instead, and an expiry reservation takes it exclusive before
+    its table's row: each sees what the other committed. Lease grants never wait for
+    each other; a reservation waits for the grants in flight (each one short), and
+    they for it. The holder of the shared lock takes no row lock after it, so the two
+    locks never wait on each other in a circle."""
+    if session.get_bind().dialect.name != "postgresql":
+        return
+    session.execute(_PINS_EXCLUSIVE if exclusive else _PINS_SHARED, {"k": PINS_LOCK})
+
+
+def fresh_tables_by_names(session: Session, names: Sequence[str]) -> dict[str, Table]:
+    """The named tables that exist, read afresh (no lock): their horizons as this
+    statement sees them, not as an earlier one of the transaction loaded them."""
+    names = [n for n in names if storable(n)]
+    if not names:
+        return {}
+    rows = session.execute(
+        select(Table).where(Table.name.in_(names)).execution_options(populate_existing=True)
+    ).scalars()
+    return {t.name: t for t in rows}
 
 
 def lock_tables(session: Session, table_ids: Sequence[int], *, exclusive: bool) -> list[Table]:
@@ -53,11 +91,23 @@ def lock_tables(session: Session, table_ids: Sequence[int], *, exclusive: bool) 
 def live_lease_snapshots(
     session: Session, table_id: int, now_ms: int
 ) -> list[tuple[str, int, int | None]]:
-    """(lease id, expiry, snapshot) of every unexpired lease on the table."""
-    rows = session.execute(
+    """(lease id, expiry, snapshot) of every unexpired lease on the table: those naming
+    its snapshot, and those of all tables, which pin its snapshot at their barrier."""
+    named = session.execute(
         select(Lease.id, Lease.expires_ms, LeaseSnapshot.snapshot_id)
         .join(LeaseSnapshot, LeaseSnapshot.lease_id == Lease.id)
         .where(LeaseSnapshot.table_id == table_id, Lease.expires_ms > now_ms)
         .order_by(Lease.expires_ms, Lease.id)
     )
-    return list(rows)
+    pins = [(i, e, s) for i, e, s in named]
+    every = session.execute(
+        select(Lease.id, Lease.expires_ms, Lease.barrier)
+        .where(Lease.all_tables, Lease.expires_ms > now_ms)
+        .order_by(Lease.expires_ms, Lease.id)
+    ).all()
+    if every:
+        barriers = sorted({barrier for _, _, barrier in every})
+        found = snapshots.snapshots_at_barriers(session, [table_id], barriers)
+        at = {b: f.get(table_id) for b, f in zip(barriers, found, strict=True)}
+        pins += [(i, e, at[b]) for i, e, b in every]
+    return pins

@@ -223,40 +223,84 @@ def create_lease_of_tables(
 ) -> tuple[ConsistentVersion, dict[str, Table]]:
     """:func:`create_lease`, and the version's tables by name as it locked them (a
     catalog session records their ids without looking 1,000 names up again)."""
+    _check_lease_seconds(ctx, seconds)
+    tables = lock_version(session, version)
+    lease = _add_lease(session, ctx, version, seconds, all_tables=False)
+    rows = [
+        {"lease_id": lease.id, "table_id": tables[name].id, "snapshot_id": snapshot}
+        for name, snapshot in version.snapshots.items()
+    ]
+    if rows:  # one statement for all tables
+        session.execute(insert(LeaseSnapshot), rows)
+    return _leased(version, lease), tables
+
+
+def create_lease_of_all_tables(
+    session: Session, ctx: Context, version: ConsistentVersion, seconds: int
+) -> tuple[ConsistentVersion, dict[str, Table]]:
+    """Pin ``version`` with one lease row whatever its table count: a lease of all tables,
+    which keeps on every table the snapshot at its barrier. So ``version`` must be a
+    consistent version (each snapshot its table's at the barrier, as
+    :func:`consistent_version` answers), not a tag's; :func:`check_version` refuses one
+    a swap changed meanwhile. Takes the pins lock shared, not the tables' rows (see
+    ``repository.hold_pins_lock``); returns the tables by name as it checked them."""
+    _check_lease_seconds(ctx, seconds)
+    repo.hold_pins_lock(session, exclusive=False)
+    tables = check_version(session, version, lock_rows=False)
+    lease = _add_lease(session, ctx, version, seconds, all_tables=True)
+    return _leased(version, lease), tables
+
+
+def _check_lease_seconds(ctx: Context, seconds: int) -> None:
     if seconds > ctx.settings.max_lease_seconds:
         raise Invalid(
             f"lease of {seconds} s is longer than the {ctx.settings.max_lease_seconds} s allowed",
             field="lease_seconds",
         )
-    tables = lock_version(session, version)
+
+
+def _add_lease(
+    session: Session, ctx: Context, version: ConsistentVersion, seconds: int, *, all_tables: bool
+) -> Lease:
     now = ctx.now_ms()
     lease = Lease(
         id=str(uuid.uuid4()),
         barrier=version.barrier,
         created_ms=now,
         expires_ms=now + seconds * 1000,
+        all_tables=all_tables,
     )
     session.add(lease)
     session.flush()
-    rows = [
-        {"lease_id": lease.id, "table_id": tables[name].id, "snapshot_id": snapshot}
-        for name, snapshot in version.snapshots.items()
-    ]
-    if rows:  # one statement for all tables (a catalog session pins every table)
-        session.execute(insert(LeaseSnapshot), rows)
-    leased = version.model_copy(update={"lease_id": lease.id, "lease_expires_ms": lease.expires_ms})
-    return leased, tables
+    return lease
+
+
+def _leased(version: ConsistentVersion, lease: Lease) -> ConsistentVersion:
+    return version.model_copy(update={"lease_id": lease.id, "lease_expires_ms": lease.expires_ms})
 
 
 def lock_version(session: Session, version: ConsistentVersion) -> dict[str, Table]:
-    """Lock ``version``'s tables (shared, as every lease grant does) and check it against
-    their expiry horizons (409 ``expired``); returns the locked tables by name.
+    """Lock ``version``'s tables (shared, as every lease grant of named snapshots does)
+    and check it (:func:`check_version`); returns the locked tables by name.
 
     Whatever pins the version in the same transaction (a lease, a tag) is then either in
     a concurrent expiry reservation's plan, or refused here."""
-    names = topo.tables_by_names(session, list(version.snapshots))
-    locked = repo.lock_tables(session, [t.id for t in names.values()], exclusive=False)
-    tables = {t.name: t for t in locked}
+    return check_version(session, version, lock_rows=True)
+
+
+def check_version(
+    session: Session, version: ConsistentVersion, *, lock_rows: bool
+) -> dict[str, Table]:
+    """``version``'s tables by name, read afresh (and locked shared with ``lock_rows``),
+    checked against a swap since the version was found (409 ``version_changed``) and
+    against their expiry horizons (409 ``expired``). Without ``lock_rows`` the caller
+    holds the pins lock, which orders it against expiry reservations instead."""
+    if lock_rows:
+        names = topo.tables_by_names(session, list(version.snapshots))
+        locked = repo.lock_tables(session, [t.id for t in names.values()], exclusive=False)
+        tables = {t.name: t for t in locked}
+    else:
+        tables = repo.fresh_tables_by_names(session, list(version.snapshots))
     for name in version.snapshots:
         if name not in tables:
             raise NotFound(f"table '{name}' was deleted while this request ran", field="tables")

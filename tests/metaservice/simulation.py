@@ -286,6 +286,15 @@ class Version(Compact):
 
 
 @dataclass(frozen=True, repr=False)
+class CatalogSession(Compact):
+    """Attach an engine through the Iceberg REST catalog: a session on ``consistent`` or,
+    with ``back_ms``, on ``at:<now - back_ms>``. Its lease of all tables is recorded as a
+    lease (what it pins, as the console lists it); Release ends it."""
+
+    back_ms: int | None = None
+
+
+@dataclass(frozen=True, repr=False)
 class Release(Compact):
     """End one of the leases taken so far."""
 
@@ -484,6 +493,7 @@ Step = (
     | Duplicate
     | Conflict
     | Version
+    | CatalogSession
     | Release
     | Expiry
     | Flush
@@ -1031,6 +1041,9 @@ class Simulation:
                     self._add_table(t)
                 at = None if back_ms is None else max(0, self.now() - back_ms)
                 return self.version(tables, at_or_before=at, lease_seconds=lease_s, post=post)
+            case CatalogSession(back_ms):
+                at = None if back_ms is None else max(0, self.now() - back_ms)
+                return self.catalog_session(at)
             case Release(pick):
                 return self.release(pick)
             case Expiry(table, reserve):
@@ -2669,6 +2682,58 @@ class Simulation:
         self.last_frontier = fronts
         return fronts
 
+    def catalog_session(self, at_or_before: int | None) -> dict | None:
+        """A REST catalog session (None when refused): the tables it reads are those the
+        catalog lists, each at the snapshot its lease keeps, checked as a consistent
+        version of them is (G1, G5) and recorded as a lease."""
+        warehouse = "consistent" if at_or_before is None else f"at:{at_or_before}"
+        self._fresh = self._advancer is None  # where readers catch up, it seals
+        r = self.client.request("GET", "/iceberg/v1/config", params={"warehouse": warehouse})
+        assert r.status_code in {200, 400, 503}, f"config {warehouse}: {r.text}"
+        if r.status_code != 200:
+            self.stats["catalog session refused"] += 1
+            self.log(f"catalog session {warehouse}: {r.status_code} {r.text}")
+            return None
+        prefix = r.json()["overrides"]["prefix"]
+        names = self._catalog_tables(prefix)
+        pins: dict[str, int | None] = {}
+        barrier = expires = None
+        for name in names:
+            page = self.call("GET", f"/tables/{name}/leases", {200}, params={"limit": 500})
+            (item,) = [i for i in page.json()["items"] if i["lease_id"] == prefix]
+            pins[name], barrier, expires = item["snapshot_id"], item["barrier"], item["expires_ms"]
+        self.log(f"catalog session {warehouse}: {prefix} at {barrier}: {pins}")
+        if barrier is None or expires is None:
+            return {"prefix": prefix, "snapshots": {}}
+        if at_or_before is not None:
+            assert barrier <= at_or_before, (warehouse, barrier)
+        known = {t: s for t, s in pins.items() if t in self.tables}
+        if G1 in self.checks and known:
+            self.check_exact(known, barrier, f"catalog session {warehouse} at {barrier}")
+            self.stats["G1 catalog sessions checked"] += 1
+        if G5 in self.checks:
+            for t, snapshot in known.items():
+                assert snapshot not in self.expired.get(t, ()), (
+                    f"G5: catalog session {prefix} reads snapshot {snapshot} of {t}, expired"
+                )
+                assert snapshot not in self.reserved.get(t, ()), (
+                    f"G5: catalog session {prefix} reads snapshot {snapshot} of {t}, reserved"
+                )
+        self.leases[prefix] = LeaseRecord(prefix, expires, barrier, known)
+        return {"prefix": prefix, "barrier": barrier, "snapshots": pins}
+
+    def _catalog_tables(self, prefix: str) -> list[str]:
+        """The tables a catalog session reads, as the catalog lists them."""
+        base = f"/iceberg/v1/{prefix}/namespaces"
+        r = self.client.request("GET", base)
+        assert r.status_code == 200, r.text
+        names = []
+        for (namespace,) in r.json()["namespaces"]:
+            listed = self.client.request("GET", f"{base}/{namespace}/tables")
+            assert listed.status_code == 200, listed.text
+            names += [f"{namespace}.{i['name']}" for i in listed.json()["identifiers"]]
+        return sorted(names)
+
     # ------------------------------------------------------------------ G5
 
     def release(self, pick: int = 0) -> str:
@@ -2871,6 +2936,8 @@ def step_strategy(topology: Topology, kind: str) -> st.SearchStrategy[Step]:
             st.integers(1, 30),
             st.booleans(),
         )
+    if kind == "catalog_session":
+        return st.builds(CatalogSession, st.none() | st.integers(0, 20_000))
     if kind == "release":
         return st.builds(Release, picks)
     if kind == "expiry":

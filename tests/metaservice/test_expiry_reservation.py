@@ -24,6 +24,7 @@ from metaservice.clock import ManualClock
 from metaservice.db import normalise_url
 from metaservice.deps import Services
 from metaservice.errors import Conflict, NotFound
+from metaservice.iceberg_rest import service as catalog
 from metaservice.lifecycle import service as lifecycle
 from metaservice.lifecycle.schemas import ExpiryPlan
 from metaservice.versions import service as versions
@@ -304,6 +305,59 @@ def test_a_lease_asked_while_a_reservation_runs_waits_and_is_refused_409_expired
     assert isinstance(leased[0], Conflict) and leased[0].code == "expired", leased
     # a lease at the horizon is granted
     assert _lease(client, ["ods.s"], bs[3]).snapshots == {"ods.s": 13}
+
+
+def _catalog_session(client: TestClient, barrier: int) -> str:
+    """A catalog session on ``at:<barrier>`` (a lease of all tables), as config opens it."""
+    s = _services(client)
+    return s.db.write(lambda session: catalog.open_session(session, s.ctx, f"at:{barrier}"))
+
+
+def test_a_catalog_session_keeps_its_snapshot_out_of_a_reservation(client, clock):
+    """A catalog session's one lease row (of all tables) keeps each table's snapshot at
+    its barrier, as a lease naming the snapshot does, until it ends."""
+    bs = _source(client, clock, "s", "ods.s", [10, 11, 12, 13])
+    _catalog_session(client, bs[1])
+    reserved = _reserve(client, "ods.s")
+    assert (_ids(reserved.expirable), reserved.oldest_in_use) == ([10], 11)
+    assert reserved.kept[0].snapshot_id == 11
+    assert any(r.startswith("lease ") for r in reserved.kept[0].reasons), reserved.kept[0]
+
+
+def test_a_reservation_waits_for_a_catalog_session_in_flight_and_keeps_its_snapshot(client, clock):
+    bs = _source(client, clock, "s", "ods.s", [10, 11, 12, 13])
+    s = _services(client)
+    session_thread, release, opened = _paused(
+        client, lambda session: catalog.open_session(session, s.ctx, f"at:{bs[0]}")
+    )
+    reserve_thread, reserved = _in_thread(lambda: _reserve(client, "ods.s"))
+    reserve_thread.join(0.5)
+    assert reserve_thread.is_alive(), "the reservation must wait for the session's transaction"
+    release.set()
+    session_thread.join(30)
+    reserve_thread.join(30)
+    assert isinstance(opened[0], str), opened
+    assert (reserved[0].expirable, reserved[0].oldest_in_use) == ([], 10)
+
+
+def test_a_catalog_session_opened_while_a_reservation_runs_waits_and_is_refused(client, clock):
+    bs = _source(client, clock, "s", "ods.s", [10, 11, 12, 13])
+    s = _services(client)
+    reserve_thread, release, reserved = _paused(
+        client, lambda session: lifecycle.reserve_expiry(session, s.ctx, "ods.s")
+    )
+    session_thread, opened = _in_thread(lambda: _catalog_session(client, bs[0]))
+    session_thread.join(0.5)
+    assert session_thread.is_alive(), "the session must wait for the reservation's transaction"
+    release.set()
+    reserve_thread.join(30)
+    session_thread.join(30)
+    assert _ids(reserved[0].expirable) == [10, 11, 12]
+    # refused as the REST spec's bad request, whether the version's read or the check
+    # under the lock found the horizon (SQLite's writers wait at BEGIN, before the read)
+    assert isinstance(opened[0], catalog.CatalogError), opened
+    assert opened[0].status == 400 and "may have been expired" in opened[0].message
+    assert isinstance(_catalog_session(client, bs[3]), str)  # at the horizon: granted
 
 
 def test_commit_reports_do_not_wait_for_a_reservation_on_postgresql(client, clock, db_url):

@@ -56,6 +56,7 @@ from tests.metaservice.simulation import (
     INTERVAL_MS,
     Abandon,
     Advance,
+    CatalogSession,
     ChangeInputs,
     ExpireNow,
     Expiry,
@@ -1204,6 +1205,7 @@ G5_WEIGHTS = {
     "peek": 1,
     "version": 2,
     "lease": 4,
+    "catalog_session": 2,
     "release": 2,
     "expiry": 4,
     "flush": 1,
@@ -1231,10 +1233,36 @@ LEASE_AFTER_PLAN = Scenario(
 )
 
 
+# A catalog session's one lease of all tables keeps what it reads out of reservations
+# until it is released; one on at: reads an older version.
+CATALOG_SESSION_AND_RESERVATIONS = Scenario(
+    Topology((_S0, _D0)),
+    (
+        Run("src0"),
+        Advance(1000),
+        Run("der0"),
+        Run("src0"),
+        Advance(1000),
+        Run("der0"),
+        CatalogSession(),
+        CatalogSession(back_ms=1000),
+        Run("src0"),
+        Advance(1000),
+        Run("der0"),
+        Expiry(reserve=True),
+        Release(0),
+        Expiry(reserve=True),
+        Release(0),
+        Expiry(reserve=True),
+    ),
+)
+
+
 @pytest.mark.slow
 @_settings(examples=8)
 @given(scenario=scenarios(G5_WEIGHTS, min_steps=10, max_steps=35))
 @example(scenario=LEASE_AFTER_PLAN)
+@example(scenario=CATALOG_SESSION_AND_RESERVATIONS)
 def test_g5_plans_and_leases_never_meet_on_a_snapshot(backend: str, scenario: Scenario) -> None:
     """Leases interleaved with plans (and reservations): no plan lists the current
     snapshot, a snapshot of a live lease, or the start of a reader's next batch (from
@@ -1272,6 +1300,7 @@ STATE_CHANGE_WEIGHTS = {
     "version": 5,
     "version_x": 2,
     "lease": 1,
+    "catalog_session": 1,
     "expiry": 1,
     "retention": 1,
     "flush": 1,
@@ -1469,6 +1498,7 @@ REVISION_WEIGHTS = {
     "tick": 4,
     "version": 4,
     "lease": 1,
+    "catalog_session": 1,
     "expiry": 1,
     "revise": 2,
     "run_revision": 5,
@@ -1583,6 +1613,7 @@ LIFECYCLE_WEIGHTS = {
     "tick": 4,
     "version": 3,
     "lease": 2,
+    "catalog_session": 2,
     "release": 1,
     "expiry": 1,
     "expire_now": 3,

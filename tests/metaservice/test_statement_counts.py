@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from fastapi.testclient import TestClient
-from sqlalchemy import event
+from sqlalchemy import event, text
 
 from metaservice.barriers import watermark
 from tests.metaservice.helpers import API, SLOT, barrier, commit, put_job, report
@@ -56,6 +56,11 @@ BOUNDS: dict[str, tuple[int, int]] = {
     # read that decides to write (could_advance walks a layer at a time, 12 layers)
     "consistent version, stacked diamonds, sealing": (57, 54),
     "tables, a page of 50": (7, 6),
+    # the readable tables, the consistent version's read (as a read answers it), the
+    # check against a swap (on PostgreSQL under the pins lock) and two rows: flat in the
+    # table count (it sealed first, wrote two rows per table and locked every table's row)
+    "catalog config, 50 tables": (14, 14),
+    "catalog request renewing its session": (8, 7),
     # the topology version (and whether anything was observed) beside the cached graph;
     # on PostgreSQL outside a transaction (it sent 3 in one, and rebuilt nothing either)
     "lineage, cached graph": (2, 1),
@@ -404,3 +409,36 @@ def test_lineage_from_the_cached_graph_is_one_statement(client, clock, db_url):
     again, n = counted(client, lambda: get_ok(client, "/lineage", params))
     assert again == first and len(first["nodes"]) > 3
     check(client, db_url, "lineage, cached graph", n)
+
+
+def test_a_catalog_session_on_fifty_tables_costs_a_read_and_two_rows(client, clock, db_url):
+    """Configuring a catalog session reads the consistent version and writes its lease
+    and its session, one row each (a lease of all tables, the tables as one column):
+    no statement, row lock or row per table. Renewing takes one lock and writes one row."""
+    tables = _fifty_tables(client, clock)
+    clock.advance(SLOT)
+    get_ok(client, "/versions/consistent", {"tables": ",".join(tables)})  # seals
+    _, n_read = counted(
+        client, lambda: get_ok(client, "/versions/consistent", {"tables": ",".join(tables)})
+    )
+    r, n_config = counted(client, lambda: client.get("/iceberg/v1/config"))
+    assert r.status_code == 200, r.text
+    prefix = r.json()["overrides"]["prefix"]
+    check(client, db_url, "catalog config, 50 tables", n_config)
+    assert n_config <= n_read + 6, (n_read, n_config)
+    engine = client.app.state.services.db.engine  # type: ignore[attr-defined]
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT (SELECT count(*) FROM leases), (SELECT count(*) FROM lease_snapshots)")
+        ).one()
+    assert tuple(rows) == (1, 0), rows  # one lease row, no row per table
+    listed = client.get(f"/iceberg/v1/{prefix}/namespaces")
+    assert listed.status_code == 200 and listed.json()["namespaces"], listed.text
+    clock.advance(
+        client.app.state.services.ctx.settings.catalog_session_idle_seconds * 600  # type: ignore[attr-defined]
+    )
+    r, n_renew = counted(client, lambda: client.get(f"/iceberg/v1/{prefix}/namespaces"))
+    assert r.status_code == 200, r.text
+    check(client, db_url, "catalog request renewing its session", n_renew)
+    if os.environ.get("METASERVICE_PRINT_COUNTS"):
+        print(f"\nSTATEMENTS consistent read beside it: {n_read}")

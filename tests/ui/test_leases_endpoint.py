@@ -39,3 +39,21 @@ def test_lists_a_tables_live_leases_soonest_to_end_first(
 
 def test_an_unknown_table_is_404(client: TestClient) -> None:
     assert_error(client.get(f"{API}/tables/no.such/leases"), 404, "not_found", "table")
+
+
+def test_a_catalog_sessions_lease_of_all_tables_is_listed_on_each_table(
+    client: TestClient, clock: ManualClock
+) -> None:
+    source_and_derived(client, clock)
+    r = client.get("/iceberg/v1/config")
+    assert r.status_code == 200, r.text
+    prefix = r.json()["overrides"]["prefix"]
+    version = get_json(client, "/versions/consistent", tables="ods.orders,dw.detail")
+    tables = get_json(client, "/tables")["total"]
+    for name in ("ods.orders", "dw.detail"):
+        page = get_json(client, f"/tables/{name}/leases")
+        assert page["total"] == 1, page
+        (item,) = page["items"]
+        assert item["lease_id"] == prefix
+        assert (item["barrier"], item["tables"]) == (version["barrier"], tables)
+        assert item["snapshot_id"] == version["snapshots"][name]

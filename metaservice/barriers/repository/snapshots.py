@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from sqlalchemy import ScalarSelect, select
-from sqlalchemy.orm import Session
+from sqlalchemy import ColumnElement, ScalarSelect, Select, select
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from metaservice.models import Commit, Table
 
@@ -47,17 +47,24 @@ def snapshots_at_barriers(
 
 def _snapshot_at(barrier: int) -> ScalarSelect[int | None]:
     """SQL for the snapshot of the table of the enclosing query at ``barrier``."""
+    return snapshot_at_sql(Table.id, barrier).correlate(Table).scalar_subquery()
+
+
+def snapshot_at_sql(
+    table_id: int | ColumnElement[int] | InstrumentedAttribute[int],
+    barrier: int | ColumnElement[int] | InstrumentedAttribute[int],
+) -> Select[int | None]:
+    """The query for a table's snapshot at a barrier (each may be a column of the
+    enclosing query: correlate and make it a scalar subquery there)."""
     return (
         select(Commit.snapshot_id)
         .where(
-            Commit.table_id == Table.id,
+            Commit.table_id == table_id,
             Commit.snapshot_id.is_not(None),
             Commit.barrier <= barrier,
         )
         .order_by(Commit.barrier.desc(), Commit.batch_id.desc())
         .limit(1)
-        .correlate(Table)
-        .scalar_subquery()
     )
 
 
