@@ -9,7 +9,7 @@ client, sequential requests, measured side by side in one run:
 
 - ``GET /healthz`` (the floor),
 - ``GET /iceberg/v1/config`` (opens a session: the consistent version of all N tables,
-  pinned by a lease over N snapshots),
+  pinned by one lease of all tables),
 - ``GET /api/v1/versions/consistent?tables=<all N>`` (the same version, without a lease:
   what config's goal is measured against),
 - loadTable of random tables in one session (pinned metadata, its file already written

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from metaservice.barriers.schemas import Carried
+from metaservice.error_bodies import error_body
 
 
 class MetaServiceError(Exception):
@@ -71,20 +72,8 @@ UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
 def error_for(response: httpx.Response) -> ApiError:
     """The error an answer of 4xx/5xx means, from its JSON body (``code``, ``message``,
     ``field``) where it has one."""
-    try:
-        body = response.json()
-    except ValueError:
-        body = {}
-    if not isinstance(body, dict):
-        body = {}
-    status = response.status_code
-    cls = {404: NotFoundError, 409: ConflictError}.get(status)
+    e = error_body(response)
+    cls = {404: NotFoundError, 409: ConflictError}.get(e.status)
     if cls is None:
-        cls = InvalidRequest if status in (400, 413, 422) else ApiError
-    return cls(
-        status,
-        str(body.get("code", "http_error")),
-        str(body.get("message", response.text[:300] or response.reason_phrase)),
-        body.get("field"),
-        body,
-    )
+        cls = InvalidRequest if e.status in (400, 413, 422) else ApiError
+    return cls(e.status, e.code, e.message, e.field, e.body)

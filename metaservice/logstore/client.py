@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from metaservice.error_bodies import error_body
 from metaservice.logstore import wire
 
 if TYPE_CHECKING:
@@ -148,20 +149,13 @@ class _Http:
 
 
 def _error_for(response: httpx.Response) -> LogApiError:
-    try:
-        body = response.json()
-    except ValueError:
-        body = {}
-    if not isinstance(body, dict):
-        body = {}
-    code = str(body.get("code", "http_error"))
-    cls = LogGoneError if response.status_code == 410 else LogApiError
-    if code == wire.RESET_CODE:
+    e = error_body(response)
+    cls = LogGoneError if e.status == 410 else LogApiError
+    if e.code == wire.RESET_CODE:
         cls = LogResetError
-    elif code == wire.FULL_CODE:
+    elif e.code == wire.FULL_CODE:
         cls = LogFullError
-    message = str(body.get("message", response.text[:300]))
-    return cls(response.status_code, code, message, body.get("field"))
+    return cls(e.status, e.code, e.message, e.field)
 
 
 class LogWriter(_Http):

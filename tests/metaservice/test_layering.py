@@ -59,6 +59,7 @@ CLIENT_SIDE = {
     "metaservice.client_errors",
     "metaservice.clock",
     "metaservice.contract",
+    "metaservice.error_bodies",
     "metaservice.schemas_common",
     "metaservice.settings",
 }
