@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ class SessionRow:
     barrier: int
     expires_ms: int
     all_tables: bool
-    tables: dict[str, tuple[int, int | None]]
+    tables: Mapping[str, tuple[int, int | None]]
 
 
 @dataclass(frozen=True)
@@ -108,8 +109,15 @@ def session_row(session: Session, lease_id: str) -> SessionRow | None:
     if row is None:
         return None
     lease, warehouse, barrier, expires_ms, all_tables, encoded = row
-    tables = {name: (pin[0], pin[1]) for name, pin in json.loads(encoded).items()}
-    return SessionRow(lease, warehouse, barrier, expires_ms, all_tables, tables)
+    return SessionRow(lease, warehouse, barrier, expires_ms, all_tables, _decoded(encoded))
+
+
+@functools.lru_cache(maxsize=256)
+def _decoded(encoded: str) -> dict[str, tuple[int, int | None]]:
+    """A session's tables from their JSON, decoded once per process: a session's tables
+    never change, and every request of a session on 1,000 tables would decode 1,000
+    entries (about 0.6 ms) to find one. Callers do not change the answer."""
+    return {name: (pin[0], pin[1]) for name, pin in json.loads(encoded).items()}
 
 
 def session_tables(

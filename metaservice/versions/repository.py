@@ -37,6 +37,12 @@ _PINS_SHARED = text("SELECT pg_advisory_xact_lock_shared(:k, hashtext(current_sc
 _PINS_EXCLUSIVE = text("SELECT pg_advisory_xact_lock(:k, hashtext(current_schema()))")
 
 
+def writers_serialised(session: Session) -> bool:
+    """Whether a write transaction holds every other writer off from its start (SQLite's
+    BEGIN IMMEDIATE): what it read earlier is still so when it commits."""
+    return session.get_bind().dialect.name == "sqlite"
+
+
 def hold_pins_lock(session: Session, *, exclusive: bool) -> None:
     """G5's lock for leases of all tables, to the end of the transaction (PostgreSQL;
     SQLite's BEGIN IMMEDIATE already serialises writers).
@@ -48,7 +54,7 @@ def hold_pins_lock(session: Session, *, exclusive: bool) -> None:
     each other; a reservation waits for the grants in flight (each one short), and
     they for it. The holder of the shared lock takes no row lock after it, so the two
     locks never wait on each other in a circle."""
-    if session.get_bind().dialect.name != "postgresql":
+    if writers_serialised(session):
         return
     session.execute(_PINS_EXCLUSIVE if exclusive else _PINS_SHARED, {"k": PINS_LOCK})
 
