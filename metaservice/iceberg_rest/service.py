@@ -116,13 +116,12 @@ def open_session(session: Session, ctx: Context, text: str | None) -> str:
     warehouse = parse_warehouse(text)
     version = _version(session, ctx, warehouse)
     seconds = ctx.settings.catalog_session_idle_seconds
-    pin = (
-        versions.create_lease_of_tables
-        if warehouse.kind == "tag"
-        else versions.create_lease_of_all_tables
-    )
     try:
-        leased, found = pin(session, ctx, version, seconds)
+        if warehouse.kind == "tag":
+            leased, tables = versions.create_lease_of_tables(session, ctx, version, seconds)
+            ids = {name: t.id for name, t in tables.items()}
+        else:
+            leased, ids = versions.create_lease_of_all_tables(session, ctx, version, seconds)
     except Conflict as exc:  # expired or swapped while this request ran
         raise _refused(warehouse, exc) from None
     assert leased.lease_id is not None
@@ -130,7 +129,7 @@ def open_session(session: Session, ctx: Context, text: str | None) -> str:
         session,
         leased.lease_id,
         (text or DEFAULT_WAREHOUSE).strip()[:_MAX_WAREHOUSE],
-        {name: (found[name].id, snapshot) for name, snapshot in version.snapshots.items()},
+        {name: (ids[name], snapshot) for name, snapshot in version.snapshots.items()},
         ctx.now_ms(),
     )
     return leased.lease_id

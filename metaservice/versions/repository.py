@@ -59,6 +59,15 @@ def hold_pins_lock(session: Session, *, exclusive: bool) -> None:
     session.execute(_PINS_EXCLUSIVE if exclusive else _PINS_SHARED, {"k": PINS_LOCK})
 
 
+def table_ids_by_names(session: Session, names: Sequence[str]) -> dict[str, int]:
+    """The named tables' ids, by name (plain rows: no ORM object per table)."""
+    names = [n for n in names if storable(n)]
+    if not names:
+        return {}
+    rows = session.execute(select(Table.name, Table.id).where(Table.name.in_(names)))
+    return {name: table_id for name, table_id in rows}
+
+
 def fresh_tables_by_names(session: Session, names: Sequence[str]) -> dict[str, Table]:
     """The named tables that exist, read afresh (no lock): their horizons as this
     statement sees them, not as an earlier one of the transaction loaded them."""

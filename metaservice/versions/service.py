@@ -237,24 +237,25 @@ def create_lease_of_tables(
 
 def create_lease_of_all_tables(
     session: Session, ctx: Context, version: ConsistentVersion, seconds: int
-) -> tuple[ConsistentVersion, dict[str, Table]]:
+) -> tuple[ConsistentVersion, dict[str, int]]:
     """Pin ``version`` with one lease row whatever its table count: a lease of all tables,
     which keeps on every table the snapshot at its barrier. So ``version`` must be a
     consistent version (each snapshot its table's at the barrier, as
     :func:`consistent_version` answers), not a tag's, read in this transaction;
     :func:`check_version` refuses one a swap changed or an expiry passed meanwhile. Takes
     the pins lock shared, not the tables' rows (see ``repository.hold_pins_lock``);
-    returns the tables by name."""
+    returns the tables' ids by name."""
     _check_lease_seconds(ctx, seconds)
     if repo.writers_serialised(session):
         # No swap or expiry reservation has committed since this transaction read the
         # version, and that read checked the horizons: only the ids are wanted.
-        tables = topo.tables_by_names(session, list(version.snapshots))
+        ids = repo.table_ids_by_names(session, list(version.snapshots))
     else:
         repo.hold_pins_lock(session, exclusive=False)
-        tables = check_version(session, version, lock_rows=False)
+        checked = check_version(session, version, lock_rows=False)
+        ids = {name: t.id for name, t in checked.items()}
     lease = _add_lease(session, ctx, version, seconds, all_tables=True)
-    return _leased(version, lease), tables
+    return _leased(version, lease), ids
 
 
 def _check_lease_seconds(ctx: Context, seconds: int) -> None:
