@@ -82,7 +82,7 @@ def changed_keys_on_driver(
     table: Table, records: DataFrame, keys: list[str], checked: Row
 ) -> pa.Table | None:
     """The keys of `records` (checked by :func:`check_changes`, whose row `checked` with
-    :func:`~spark_barrier.iceberg.upsert.key_bound_aggregates` counts them), brought to
+    :func:`~spark_barrier.iceberg.key_bounds.key_bound_aggregates` counts them), brought to
     the driver; None when they are too many for it (see
     :func:`~spark_barrier.iceberg.upsert.may_check_keys_on_driver`)."""
     if not may_check_keys_on_driver(table, keys, checked["__ms_rows"]):

@@ -61,15 +61,12 @@ from spark_barrier.iceberg.files import (
     column_names,
     run_write_task,
 )
-from spark_barrier.iceberg.upsert import (
-    ARRIVAL,
-    DRIVER_MATCH_MAX_ROWS,
-    RANK,
+from spark_barrier.iceberg.key_bounds import (
     key_bound_aggregates,
     key_bounds,
     key_filter_from_bounds,
-    last_first,
 )
+from spark_barrier.iceberg.upsert import ARRIVAL, DRIVER_MATCH_MAX_ROWS, RANK, last_first
 from spark_barrier.jvm import quoted, sql_over
 
 # The changed keys the tasks bring to the driver at most; past that, Spark matches them.

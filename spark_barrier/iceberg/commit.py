@@ -38,12 +38,11 @@ from spark_barrier.iceberg.files import (
     selected,
     write_data_files,
 )
+from spark_barrier.iceberg.key_bounds import key_bound_aggregates, key_filter_from_bounds
 from spark_barrier.iceberg.native_write import why_not_native
 from spark_barrier.iceberg.stamps import find_batch_snapshot
 from spark_barrier.iceberg.transaction import NOT_LANDED, commit_files
 from spark_barrier.iceberg.upsert import (
-    key_bound_aggregates,
-    key_filter_from_bounds,
     last_row_per_key,
     may_check_keys_on_driver,
     replace_keys_attempt,
