@@ -9,17 +9,17 @@ sink = job.sink("dwd.order_detail", transform=enrich)   # foreachBatch function
 query = job.start(orders, sink)
 
 The job itself lives here (:class:`BarrierJob`: its barrier sources, its sink, reads at
-its barriers, closing, and its session's listener); the batch context is in
+its barriers and closing); the batch context is in
 :mod:`spark_barrier.batch_context`, the sink in :mod:`spark_barrier.sink`, stopping
-between batches in :mod:`spark_barrier.stopping`, and registration with its checks in
-:mod:`spark_barrier.registration`. The names that moved are still importable from here.
+between batches in :mod:`spark_barrier.stopping`, registration with its checks in
+:mod:`spark_barrier.registration`, and the session's shared listener in
+:mod:`spark_barrier.listener`. The names that moved are still importable from here.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -42,7 +42,7 @@ from spark_barrier.iceberg.commit import Mode, check_mode
 from spark_barrier.iceberg.read import read_snapshot
 from spark_barrier.iceberg.stamps import snapshot_at
 from spark_barrier.inputs import StreamedInput, check_changelog_keys
-from spark_barrier.listener import BarrierListener
+from spark_barrier.listener import release_listener
 from spark_barrier.log import JobLog
 from spark_barrier.offline import OfflineBarriers
 from spark_barrier.reads import read_at_barrier
@@ -457,48 +457,7 @@ class BarrierJob:
         self.reporter.close()
         if self.log is not None:
             self.log.close()
-        _release_listener(self.spark, self.client, self.name)
-
-
-_listeners: dict[tuple[int, str], BarrierListener] = {}
-_listeners_lock = threading.Lock()
-
-
-def _listener_for(spark: SparkSession, client: MetaServiceClient) -> BarrierListener:
-    """One listener per Spark session and MetaService, shared by the jobs registered there."""
-    key = (id(spark), client.url)
-    with _listeners_lock:
-        listener = _listeners.get(key)
-        if listener is None:
-            listener = BarrierListener(MetaServiceClient(client.url, token=_token(client)))
-            spark.streams.addListener(listener)
-            _listeners[key] = listener
-        return listener
-
-
-def _release_listener(spark: SparkSession, client: MetaServiceClient, job: str) -> None:
-    """`job` no longer reports through its session's listener; the last job's close removes
-    the listener from Spark. Spark calls every registered listener, through Py4J, for every
-    event of every query: listeners left behind by closed jobs slow the whole driver, and
-    Spark delivers their backlog before a session stops."""
-    key = (id(spark), client.url)
-    with _listeners_lock:
-        listener = _listeners.get(key)
-        if listener is None:
-            return
-        listener.stop_carrying(job)
-        listener.jobs.discard(job)
-        if listener.jobs:
-            return
-        del _listeners[key]
-    listener.drain(timeout=2.0)  # the terminated events of the queries just stopped
-    spark.streams.removeListener(listener)
-    listener.stop()
-
-
-def _token(client: MetaServiceClient) -> str | None:
-    auth = client._http.headers.get("Authorization", "")
-    return auth.removeprefix("Bearer ") or None
+        release_listener(self.spark, self.client, self.name)
 
 
 # Registration imports the job, so its names are loaded from here on first use.

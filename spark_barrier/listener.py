@@ -10,6 +10,9 @@ One request per batch: a job whose barrier requests carry its progress
 progress event held for up to ``carry_s`` for the next request to take
 (:meth:`BarrierListener.take_progress`); one not taken by then, or not recorded, is
 sent from here as before, and so is a held event when its query ends (before the end).
+
+The jobs of one Spark session and MetaService share one listener
+(:func:`listener_for`); the last one to close removes it (:func:`release_listener`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import threading
 import time
 from typing import Any
 
+from pyspark.sql import SparkSession
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from metaservice.client import MetaServiceClient, MetaServiceError
@@ -176,3 +180,45 @@ class BarrierListener(StreamingQueryListener):
         while self._queue.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.02)
         return not self._queue.unfinished_tasks
+
+
+# One listener per Spark session and MetaService, shared by the jobs registered there.
+_listeners: dict[tuple[int, str], BarrierListener] = {}
+_listeners_lock = threading.Lock()
+
+
+def listener_for(spark: SparkSession, client: MetaServiceClient) -> BarrierListener:
+    """One listener per Spark session and MetaService, shared by the jobs registered there."""
+    key = (id(spark), client.url)
+    with _listeners_lock:
+        listener = _listeners.get(key)
+        if listener is None:
+            listener = BarrierListener(MetaServiceClient(client.url, token=_token(client)))
+            spark.streams.addListener(listener)
+            _listeners[key] = listener
+        return listener
+
+
+def release_listener(spark: SparkSession, client: MetaServiceClient, job: str) -> None:
+    """`job` no longer reports through its session's listener; the last job's close removes
+    the listener from Spark. Spark calls every registered listener, through Py4J, for every
+    event of every query: listeners left behind by closed jobs slow the whole driver, and
+    Spark delivers their backlog before a session stops."""
+    key = (id(spark), client.url)
+    with _listeners_lock:
+        listener = _listeners.get(key)
+        if listener is None:
+            return
+        listener.stop_carrying(job)
+        listener.jobs.discard(job)
+        if listener.jobs:
+            return
+        del _listeners[key]
+    listener.drain(timeout=2.0)  # the terminated events of the queries just stopped
+    spark.streams.removeListener(listener)
+    listener.stop()
+
+
+def _token(client: MetaServiceClient) -> str | None:
+    auth = client._http.headers.get("Authorization", "")
+    return auth.removeprefix("Bearer ") or None

@@ -31,7 +31,8 @@ from spark_barrier.iceberg.catalog import (
     sql_catalog_properties,
 )
 from spark_barrier.iceberg.partitioning import PartitionSpecError
-from spark_barrier.job import SOURCE_TRIGGER_S, BarrierJob, _listener_for
+from spark_barrier.job import SOURCE_TRIGGER_S, BarrierJob
+from spark_barrier.listener import listener_for
 from spark_barrier.log import check_log_options, open_job_log
 from spark_barrier.offline import OfflineBarriers
 from spark_barrier.report import DirectReporter, OutboxReporter, Reporter
@@ -153,7 +154,7 @@ def register(
             job_log.close()
             raise
     spark.dataSource.register(BarrierSource)
-    listener = _listener_for(spark, client)
+    listener = listener_for(spark, client)
     listener.jobs.add(job)
     manifests.install()  # the driver plans and commits every batch: read each manifest once
     state = Path(state_dir or "spark-barrier-state") / job
