@@ -81,6 +81,7 @@ from metaservice.models import ClockState
 # hashtext(current_schema()), so each schema has its own locks.
 WATERMARK_LOCK = 7_246_032  # barrier assignment and grants shared, the raiser exclusive
 ADVANCER_LOCK = 7_246_033  # the idle advancer's leader (session-level) and its ticks
+PINS_LOCK = 7_246_034  # leases of all tables shared, expiry reservations exclusive
 _SHARED = text("SELECT pg_advisory_xact_lock_shared(:k, hashtext(current_schema()))")
 _EXCLUSIVE = text("SELECT pg_advisory_xact_lock(:k, hashtext(current_schema()))")
 _READ = select(ClockState.watermark).where(ClockState.id == 1)
@@ -99,6 +100,13 @@ def on_postgres(session: Session) -> bool:
     return session.get_bind().dialect.name == "postgresql"
 
 
+def hold_xact_lock(session: Session, class_id: int, *, exclusive: bool) -> None:
+    """Take advisory lock ``class_id`` of this schema to the end of the transaction
+    (PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises writers)."""
+    if on_postgres(session):
+        session.execute(_EXCLUSIVE if exclusive else _SHARED, {"k": class_id})
+
+
 def hold_shared(session: Session) -> None:
     """Take the watermark lock shared, to the end of the transaction, before ``S`` is
     read (by a later statement) to choose a source barrier or an offline floor. Taken
@@ -109,7 +117,7 @@ def hold_shared(session: Session) -> None:
     transaction = session.get_transaction()
     if transaction is not None and session.info.get(_HELD_SHARED) is transaction:
         return
-    session.execute(_SHARED, {"k": WATERMARK_LOCK})
+    hold_xact_lock(session, WATERMARK_LOCK, exclusive=False)
     session.info[_HELD_SHARED] = transaction
 
 
@@ -125,8 +133,7 @@ def raise_to_closed_slot(session: Session, ctx: Context) -> int | None:
     slot = ctx.closed_slot()
     if read(session) >= slot:
         return None
-    if on_postgres(session):
-        session.execute(_EXCLUSIVE, {"k": WATERMARK_LOCK})
+    hold_xact_lock(session, WATERMARK_LOCK, exclusive=True)
     raised = session.execute(_RAISE, {"slot": slot}).rowcount  # type: ignore[attr-defined]
     return slot if raised else None
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import bindparam, select, text
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
+from metaservice.barriers import watermark
 from metaservice.barriers.repository import snapshots
 from metaservice.models import Job, Lease, LeaseSnapshot, Table
 from metaservice.topology.repository import storable
@@ -30,13 +31,6 @@ def tables_with_writers(session: Session, names: Sequence[str]) -> list[tuple[Ta
     return [(t, j) for t, j in session.execute(_TABLES_WITH_WRITERS, {"names": names})]
 
 
-# Advisory lock class id (watermark.py holds the others): leases of all tables take it
-# shared, an expiry reservation exclusive; the second key is hashtext(current_schema()).
-PINS_LOCK = 7_246_034
-_PINS_SHARED = text("SELECT pg_advisory_xact_lock_shared(:k, hashtext(current_schema()))")
-_PINS_EXCLUSIVE = text("SELECT pg_advisory_xact_lock(:k, hashtext(current_schema()))")
-
-
 def writers_serialised(session: Session) -> bool:
     """Whether a write transaction holds every other writer off from its start (SQLite's
     BEGIN IMMEDIATE): what it read earlier is still so when it commits."""
@@ -54,9 +48,7 @@ def hold_pins_lock(session: Session, *, exclusive: bool) -> None:
     each other; a reservation waits for the grants in flight (each one short), and
     they for it. The holder of the shared lock takes no row lock after it, so the two
     locks never wait on each other in a circle."""
-    if writers_serialised(session):
-        return
-    session.execute(_PINS_EXCLUSIVE if exclusive else _PINS_SHARED, {"k": PINS_LOCK})
+    watermark.hold_xact_lock(session, watermark.PINS_LOCK, exclusive=exclusive)
 
 
 def table_ids_by_names(session: Session, names: Sequence[str]) -> dict[str, int]:
