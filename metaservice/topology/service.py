@@ -251,7 +251,44 @@ def _check_takeover(
             field="outputs",
             code="history_kind",
         )
+    if kind == DERIVED:
+        _check_one_start(job, name, outputs, taken, stamped, floor, keep)
     return floor
+
+
+def _check_one_start(
+    job: Job | None,
+    name: str,
+    outputs: list[str],
+    taken: dict[str, Table],
+    stamped: dict[int, int],
+    floor: int,
+    keep: str,
+) -> None:
+    """A derived job writes every output from one frontier, which taking on a table
+    moves up to its history: each of its outputs must have a history that far. An
+    output that has none (the job's own, new, or one with a shorter history) would miss
+    its inputs' changes up to there (G1), and starting lower would write them a second
+    time into the table that has them."""
+    start = job.frontier if job is not None else 0
+    if floor <= start:
+        return
+    reaches = {n: max(t.handover_barrier or 0, stamped.get(t.id, 0)) for n, t in taken.items()}
+    behind = sorted(n for n in outputs if reaches.get(n, start) < floor)
+    if behind:
+        table = max(reaches, key=lambda n: (reaches[n], n))
+        raise Conflict(
+            f"derived job '{name}' cannot take on '{table}', which has a history up to "
+            f"barrier {floor}, beside {', '.join(repr(n) for n in behind)}, which "
+            f"{'has' if len(behind) == 1 else 'have'} none that far: the job writes every "
+            "output from one frontier, so its first batch would skip its inputs' changes "
+            f"up to barrier {floor} for {'that table' if len(behind) == 1 else 'those'}, "
+            f"or write them into '{table}' a second time. Take the table on from a "
+            "derived job of its own (one whose outputs all have that history), or write "
+            f"a new table. {keep}",
+            field="outputs",
+            code="history_gap",
+        )
 
 
 def _take_over(session: Session, job: Job, floor: int) -> None:

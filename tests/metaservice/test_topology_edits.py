@@ -220,6 +220,19 @@ def _derived_that_ran_and_writerless_source_table(c: TestClient, clock: ManualCl
     put_job(c, "der", ["dw.detail"], inputs=["ods.orders"])
 
 
+def _new_derived_and_writerless_source_table(c: TestClient, clock: ManualClock) -> None:
+    """A derived job that has not run (its input has rows) and a source's table with a
+    history, writerless: the job taking it on beside its own output would move that
+    output's frontier past rows it never read."""
+    put_job(c, "s", ["ods.orders"])
+    run_batch(c, "s", 0, {"ods.orders": 101})
+    put_job(c, "s2", ["ods.s2"])
+    run_batch(c, "s2", 0, {"ods.s2": 501})
+    clock.advance(SLOT)
+    put_job(c, "s2", ["ods.s3"])  # ods.s2 is left with its history
+    put_job(c, "fresh", ["dw.fresh"], inputs=["ods.orders"])
+
+
 def _source_with_open_batch(c: TestClient, clock: ManualClock) -> None:
     put_job(c, "s", ["ods.s"])
     run_batch(c, "s", 0, {"ods.s": 101})
@@ -308,6 +321,24 @@ REFUSED = [
         {"inputs": ["ods.orders"], "outputs": ["dw.detail", "ods.s2"]},
         "history_kind",
         "new derived job",
+    ),
+    Refused(
+        "a derived job that has not run takes a table with history beside its own",
+        _new_derived_and_writerless_source_table,
+        "PUT",
+        "/jobs/fresh",
+        {"inputs": ["ods.orders"], "outputs": ["dw.fresh", "ods.s2"]},
+        "history_gap",
+        "a derived job of its own",
+    ),
+    Refused(
+        "a new derived job takes a table with history beside a new one",
+        _new_derived_and_writerless_source_table,
+        "PUT",
+        "/jobs/fresh2",
+        {"inputs": ["ods.orders"], "outputs": ["dw.fresh2", "ods.s2"]},
+        "history_gap",
+        "'dw.fresh2', which has none that far",
     ),
     Refused(
         "a source with an open batch takes a table with history",
