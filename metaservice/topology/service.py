@@ -198,7 +198,8 @@ def _check_takeover(
     if not taken:
         return None
     table = taken[min(taken)]
-    floor = max(max(t.handover_barrier or 0, stamped.get(t.id, 0)) for t in taken.values())
+    reaches = {n: max(t.handover_barrier or 0, stamped.get(t.id, 0)) for n, t in taken.items()}
+    floor = max(reaches.values())
     keep = f"Nothing was changed; '{table.name}' keeps its history either way"
     if job is not None and barrier_repo.open_batch(session, job.id) is not None:
         raise Conflict(
@@ -252,7 +253,7 @@ def _check_takeover(
             code="history_kind",
         )
     if kind == DERIVED:
-        _check_one_start(job, name, outputs, taken, stamped, floor, keep)
+        _check_one_start(job, name, outputs, reaches, floor, keep)
     return floor
 
 
@@ -260,8 +261,7 @@ def _check_one_start(
     job: Job | None,
     name: str,
     outputs: list[str],
-    taken: dict[str, Table],
-    stamped: dict[int, int],
+    reaches: dict[str, int],
     floor: int,
     keep: str,
 ) -> None:
@@ -269,11 +269,11 @@ def _check_one_start(
     moves up to its history: each of its outputs must have a history that far. An
     output that has none (the job's own, new, or one with a shorter history) would miss
     its inputs' changes up to there (G1), and starting lower would write them a second
-    time into the table that has them."""
+    time into the table that has them. ``reaches``: the barrier each table taken on has
+    a history up to."""
     start = job.frontier if job is not None else 0
     if floor <= start:
         return
-    reaches = {n: max(t.handover_barrier or 0, stamped.get(t.id, 0)) for n, t in taken.items()}
     behind = sorted(n for n in outputs if reaches.get(n, start) < floor)
     if behind:
         table = max(reaches, key=lambda n: (reaches[n], n))
