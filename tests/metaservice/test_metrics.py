@@ -5,6 +5,7 @@ database, consistent-version requests by outcome, process metrics summed over
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -110,6 +111,21 @@ def test_consistent_version_requests_are_counted_by_outcome_with_latency(
     assert grew == {"ok": 4, "none_yet": 1, "refused": 1}
 
 
+def _started_workers(service: ServiceProcess, want: int, within_s: float) -> set[str]:
+    """The worker processes that logged their start, waiting up to ``within_s`` for
+    ``want`` of them (a loaded machine starts the second one seconds after the first)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        started = {
+            line.split("Started server process")[1]
+            for line in service.log().splitlines()
+            if "Started server process" in line
+        }
+        if len(started) >= want or time.monotonic() > deadline:
+            return started
+        time.sleep(0.1)
+
+
 @pytest.mark.slow  # a real `metaservice start --workers 2`: about 8 s
 def test_workers_share_their_counts_and_log_json_lines_with_a_request_id(
     tmp_path: Path,
@@ -121,6 +137,8 @@ def test_workers_share_their_counts_and_log_json_lines_with_a_request_id(
         ServiceProcess(db_url, log, extra_args=args) as service,
         httpx.Client(base_url=service.url, timeout=10) as http,
     ):
+        # The service answers once one worker is up; the counts are shared only if both are.
+        assert len(_started_workers(service, want=2, within_s=60)) == 2, service.log()
         assert http.put(f"{API}/jobs/src", json={"outputs": ["ods.orders"]}).status_code == 201
         ids = []
         for _ in range(20):
@@ -134,8 +152,6 @@ def test_workers_share_their_counts_and_log_json_lines_with_a_request_id(
         name = "metaservice_http_request_duration_seconds_count"
         for _ in range(4):  # whichever worker answers the scrape, it counts all 20
             assert scrape(http)[(name, route)] == 20
-        pids = {line for line in service.log().splitlines() if "Started server process" in line}
-        assert len(pids) >= 2, service.log()
 
     lines = [json.loads(x) for x in log.read_text().splitlines() if x.startswith("{")]
     access = [x for x in lines if x["logger"] == "uvicorn.access"]
