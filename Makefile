@@ -24,14 +24,13 @@ demo: $(VENV)/.installed
 # The whole suite, PostgreSQL tests included (they need METASERVICE_TEST_PG_URL), in two
 # pytest runs: the tests that need no Spark on TEST_WORKERS processes (pytest-xdist; each
 # test has its own database, schema, folders and ports), then the Spark tests (-m spark)
-# in one process, since they share one SparkSession and one cluster and each JVM wants
-# both cores. On two cores the first run took 10:27 with 2 workers against 16:06 in one
-# process (side by side, another test run beside both); a clean clone's .ci/run took
-# 21:33 in all on 2026-11-27 on AMD EPYC vCPUs (11:17 + 10:16; 32 min in a slower hour
-# the day before) and 15:16 on Intel Xeon vCPUs later that day (7:13 + 7:53).
+# in one process, since they share one SparkSession and one cluster, and their JVMs want
+# both cores. Three workers on two cores: two left 0.7 of a core idle (the tests wait on
+# processes, sockets and PostgreSQL), three keep 1.8 busy. Running the Spark tests beside
+# the rest was no faster (they slow each other down). README.md gives the current times.
 # TEST_WORKERS=0 runs the first part in this process. Exit status 5 (no test selected)
 # counts as success.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 test: install
 	@export METASERVICE_TEST_PG_URL=$${METASERVICE_TEST_PG_URL:-$(PG_URL)}; \
 	echo "=============== tests without Spark ($(TEST_WORKERS) workers) ==============="; \
