@@ -50,6 +50,7 @@ lint: install
 
 bench: install
 	$(PY) -m bench.bench_service --out bench/results/service.json
+	$(PY) -m bench.bench_advancer --out bench/results/advancer.json
 	$(PY) -m bench.bench_outbox --out bench/results/outbox.json
 	$(PY) -m bench.bench_spark --out bench/results/spark.json
 	$(PY) -m bench.bench_writer --out bench/results/writer.json
