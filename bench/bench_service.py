@@ -820,10 +820,9 @@ def bench_reads(server: Server, db: str, topo: Topology, quick: bool) -> list[di
             {"db": db, "what": "GET /healthz (HTTP floor)", "count": n, **_percentiles(samples)}
         )
         for size in (2, 10, 50):
-            # "random": a new random set per request, so most requests include a source
-            # writer nobody asked about in this clock slot, which the service first seals
-            # (a write). "repeated": 20 sets asked in turn, as dashboards do; a source is
-            # sealed once per slot, the other requests are read-only.
+            # "random": a new random set per request; "repeated": 20 sets asked in turn,
+            # as dashboards do. Both are read-only (idle sources' frontiers come from the
+            # watermark); the two kinds show whether repeating a set helps the read.
             fresh = [rng.sample(topo.tables, size) for _ in range(n + 10)]
             fixed = [rng.sample(topo.tables, size) for _ in range(20)]
             repeated = [fixed[i % 20] for i in range(n + 10)]
