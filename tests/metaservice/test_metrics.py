@@ -138,7 +138,7 @@ def test_workers_share_their_counts_and_log_json_lines_with_a_request_id(
         httpx.Client(base_url=service.url, timeout=10) as http,
     ):
         # The service answers once one worker is up; the counts are shared only if both are.
-        assert len(_started_workers(service, want=2, within_s=60)) == 2, service.log()
+        assert len(_started_workers(service, want=2, within_s=60)) >= 2, service.log()
         assert http.put(f"{API}/jobs/src", json={"outputs": ["ods.orders"]}).status_code == 201
         ids = []
         for _ in range(20):
