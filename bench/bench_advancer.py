@@ -3,7 +3,7 @@ every idle derived job) on ``bench_service``'s layered topology, in process, on 
 
 Each tick starts just after a slot starts, as the service's advancer does. The first two
 ticks catch up with the slots since the topology was written and are left out of the
-figures. Reported per size: the tick's wall time and this thread's CPU time (p50, max) and
+figures. Reported per size: the tick's wall time and this thread's CPU time (``bench.common.spread``) and
 the batches it recorded (advanced batches are rows of ``batches``, one per job and target).
 A tick longer than the slot (``--interval-ms``, 1,000 by default) means the advancer alone
 keeps the service's interpreter busy.
@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.bench_service import DEFAULT_PG, build_topology, database, machine_facts
-from metaservice.barriers.advancer import tick
+from bench.common import spread
+from metaservice.barriers.advancer import TICK_DELAY_MS, tick
 from metaservice.clock import SystemClock
 from metaservice.context import Context
 from metaservice.db import Database
@@ -42,7 +43,7 @@ def measure(url: str, ticks: int, interval_ms: int) -> dict[str, Any]:
     try:
         for _ in range(ticks + WARM_UP_TICKS):
             now_ms = time.time() * 1000
-            time.sleep((interval_ms - now_ms % interval_ms + 5) / 1000)
+            time.sleep((interval_ms - now_ms % interval_ms + TICK_DELAY_MS) / 1000)
             w0, c0 = time.perf_counter(), time.thread_time()
             done = tick(db, ctx)
             wall.append((time.perf_counter() - w0) * 1000)
@@ -53,8 +54,8 @@ def measure(url: str, ticks: int, interval_ms: int) -> dict[str, Any]:
     kept = slice(WARM_UP_TICKS, None)
     return {
         "ticks": ticks,
-        "tick_wall_ms": {"p50": statistics.median(wall[kept]), "max": max(wall[kept])},
-        "tick_cpu_ms": {"p50": statistics.median(cpu[kept]), "max": max(cpu[kept])},
+        "tick_wall_ms": spread(wall[kept]),
+        "tick_cpu_ms": spread(cpu[kept]),
         "batches_per_tick": advanced[kept],
         "warm_up_batches": advanced[:WARM_UP_TICKS],
     }

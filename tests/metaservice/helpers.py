@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -189,3 +190,13 @@ def locked_for_update(db_url: str, select: str, **params: Any) -> Iterator[None]
                 conn.rollback()
     finally:
         engine.dispose()
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 30) -> bool:
+    """Whether ``condition`` came true within ``timeout`` seconds (polled every 0.1 s)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True

@@ -67,6 +67,7 @@ from tests.metaservice.helpers import (
     get_json,
     put_job,
     unchanged,
+    wait_for,
 )
 
 SCHEMA = pa.schema([pa.field("n", pa.int64())])
@@ -173,15 +174,6 @@ def reachable(t: Table) -> set[str]:
 
 def rows_at(t: Table, snapshot_id: int) -> list[int]:
     return sorted(t.scan(snapshot_id=snapshot_id).to_arrow()["n"].to_pylist())
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 30) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 def services(client: TestClient) -> Services:

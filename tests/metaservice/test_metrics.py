@@ -5,7 +5,6 @@ database, consistent-version requests by outcome, process metrics summed over
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from metaservice.app import create_app
 from metaservice.clock import ManualClock
 from metaservice.settings import Settings
 from tests.faults.processes import ServiceProcess
-from tests.metaservice.helpers import API, SLOT, put_job, source_and_derived
+from tests.metaservice.helpers import API, SLOT, put_job, source_and_derived, wait_for
 from tests.metaservice.live_server import LiveServer
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -111,19 +110,13 @@ def test_consistent_version_requests_are_counted_by_outcome_with_latency(
     assert grew == {"ok": 4, "none_yet": 1, "refused": 1}
 
 
-def _started_workers(service: ServiceProcess, want: int, within_s: float) -> set[str]:
-    """The worker processes that logged their start, waiting up to ``within_s`` for
-    ``want`` of them (a loaded machine starts the second one seconds after the first)."""
-    deadline = time.monotonic() + within_s
-    while True:
-        started = {
-            line.split("Started server process")[1]
-            for line in service.log().splitlines()
-            if "Started server process" in line
-        }
-        if len(started) >= want or time.monotonic() > deadline:
-            return started
-        time.sleep(0.1)
+def _started_workers(service: ServiceProcess) -> set[str]:
+    """The worker processes that logged their start."""
+    return {
+        line.split("Started server process")[1]
+        for line in service.log().splitlines()
+        if "Started server process" in line
+    }
 
 
 @pytest.mark.slow  # a real `metaservice start --workers 2`: about 8 s
@@ -137,8 +130,9 @@ def test_workers_share_their_counts_and_log_json_lines_with_a_request_id(
         ServiceProcess(db_url, log, extra_args=args) as service,
         httpx.Client(base_url=service.url, timeout=10) as http,
     ):
-        # The service answers once one worker is up; the counts are shared only if both are.
-        assert len(_started_workers(service, want=2, within_s=60)) >= 2, service.log()
+        # The service answers once one worker is up; the counts are shared only if both are
+        # (a loaded machine starts the second one seconds after the first).
+        assert wait_for(lambda: len(_started_workers(service)) >= 2, timeout=60), service.log()
         assert http.put(f"{API}/jobs/src", json={"outputs": ["ods.orders"]}).status_code == 201
         ids = []
         for _ in range(20):
