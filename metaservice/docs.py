@@ -41,18 +41,22 @@ def install_docs(app: FastAPI) -> None:
     openapi_url = app.openapi_url or "/openapi.json"
     oauth2_redirect_url = app.swagger_ui_oauth2_redirect_url or "/docs/oauth2-redirect"
 
+    # The pages read the app off the request, not from a closure: FastAPI keeps its
+    # endpoints in module-level caches, and an endpoint closing over its app kept every
+    # app a process ever built alive (a test process builds one per test).
     @app.get("/docs", include_in_schema=False)
     async def swagger_ui(request: Request) -> HTMLResponse:
         root = request.scope.get("root_path", "")
+        this = request.app
         return get_swagger_ui_html(
             openapi_url=root + openapi_url,
-            title=f"{app.title} API",
+            title=f"{this.title} API",
             oauth2_redirect_url=root + oauth2_redirect_url,
             swagger_js_url=f"{root}{ASSETS_URL}/swagger-ui-bundle.js",
             swagger_css_url=f"{root}{ASSETS_URL}/swagger-ui.css",
             swagger_favicon_url=f"{root}{ASSETS_URL}/favicon.png",
             # None: no badge fetched from validator.swagger.io
-            swagger_ui_parameters={"validatorUrl": None, **(app.swagger_ui_parameters or {})},
+            swagger_ui_parameters={"validatorUrl": None, **(this.swagger_ui_parameters or {})},
         )
 
     @app.get(oauth2_redirect_url, include_in_schema=False)
@@ -64,7 +68,7 @@ def install_docs(app: FastAPI) -> None:
         root = request.scope.get("root_path", "")
         return get_redoc_html(
             openapi_url=root + openapi_url,
-            title=f"{app.title} API",
+            title=f"{request.app.title} API",
             redoc_js_url=f"{root}{ASSETS_URL}/redoc.standalone.js",
             redoc_favicon_url=f"{root}{ASSETS_URL}/favicon.png",
             with_google_fonts=False,
