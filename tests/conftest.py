@@ -8,6 +8,7 @@ Without the variable they are skipped, except under CI=true, where that is an er
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import time
@@ -164,6 +165,16 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalo
 
 
 SPARK_FIXTURES = {"spark", "spark_cluster"}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What collecting imported (the service, pydantic's schemas, SQLAlchemy's tables:
+    about 300,000 objects) lives to the end: frozen, the collector's full passes no longer
+    walk it. Measured on test_tags and test_api_barriers in one process (2026-12-03, run
+    alternately, twice each): garbage collection 14.5 s of 74 CPU-seconds before, 10 s
+    after."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
