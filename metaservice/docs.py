@@ -66,9 +66,10 @@ def install_docs(app: FastAPI) -> None:
     @app.get("/redoc", include_in_schema=False)
     async def redoc(request: Request) -> HTMLResponse:
         root = request.scope.get("root_path", "")
+        this = request.app
         return get_redoc_html(
             openapi_url=root + openapi_url,
-            title=f"{request.app.title} API",
+            title=f"{this.title} API",
             redoc_js_url=f"{root}{ASSETS_URL}/redoc.standalone.js",
             redoc_favicon_url=f"{root}{ASSETS_URL}/favicon.png",
             with_google_fonts=False,
