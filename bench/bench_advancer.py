@@ -25,7 +25,7 @@ from typing import Any
 
 from bench.bench_service import DEFAULT_PG, build_topology, database, machine_facts
 from bench.common import spread
-from metaservice.barriers.advancer import TICK_DELAY_MS, tick
+from metaservice.barriers.advancer import ms_until_tick, tick
 from metaservice.clock import SystemClock
 from metaservice.context import Context
 from metaservice.db import Database
@@ -42,8 +42,7 @@ def measure(url: str, ticks: int, interval_ms: int) -> dict[str, Any]:
     wall, cpu, advanced = [], [], []
     try:
         for _ in range(ticks + WARM_UP_TICKS):
-            now_ms = time.time() * 1000
-            time.sleep((interval_ms - now_ms % interval_ms + TICK_DELAY_MS) / 1000)
+            time.sleep(ms_until_tick(time.time() * 1000, interval_ms) / 1000)
             w0, c0 = time.perf_counter(), time.thread_time()
             done = tick(db, ctx)
             wall.append((time.perf_counter() - w0) * 1000)

@@ -43,6 +43,11 @@ log = logging.getLogger("metaservice.advancer")
 TICK_DELAY_MS = 5
 
 
+def ms_until_tick(now_ms: float, interval_ms: int) -> float:
+    """How long from ``now_ms`` until the next tick: :data:`TICK_DELAY_MS` into the next slot."""
+    return interval_ms - now_ms % interval_ms + TICK_DELAY_MS
+
+
 @dataclass(frozen=True)
 class Tick:
     raised: int | None  # the new watermark, or None when it was there already
@@ -86,8 +91,7 @@ class Advancer:
 
     def _run(self) -> None:
         while True:
-            now = self.ctx.now_ms()
-            wait_ms = self.ctx.interval - now % self.ctx.interval + TICK_DELAY_MS
+            wait_ms = ms_until_tick(self.ctx.now_ms(), self.ctx.interval)
             if self._stop.wait(wait_ms / 1000):
                 return
             try:
