@@ -1718,6 +1718,24 @@ RECONCILE_BEFORE_AN_OFFLINE_CLAIM = Scenario(
 )
 
 
+# Found by the state-change schedules: `reconcile` after a source job was deleted and
+# registered again met the former job's commits (kept by the table, their job id gone)
+# and looked the job up by a null id; they are reported as present now.
+REJOIN_AFTER_RECONCILE = Scenario(
+    Topology((_S0, _S1, JobDef("der0", "dw.d0", ("ods.s1",)))),
+    (Run("src0"), Reconcile(), Tick(()), Rejoin("src0"), Reconcile()),
+)
+
+# Found by the same schedules: an output moved to a job that never ran, from one whose
+# frontier reached the current slot (taken over from its former registration). The job
+# taking it starts above its history, so all its outputs' frontiers are in that slot:
+# the history it took on, which nothing can add to (the simulator held only the table).
+MOVE_AFTER_REJOIN = Scenario(
+    Topology((_S0, _S1, JobDef("der0", "dw.d0", ("ods.s1",)))),
+    (Run("src0"), Reconcile(), Rejoin("src0"), MoveOutput("src0")),
+)
+
+
 # Each state change's own scenario (above), once per database: the operation that finds
 # the fault it is named after (they failed on the code before the fixes).
 STATE_CHANGE_SCENARIOS = [
@@ -1735,6 +1753,8 @@ STATE_CHANGE_SCENARIOS = [
     pytest.param(SWAP_WITH_A_REVISION_REPORT_QUEUED, True, id="swap_with_a_report_queued"),
     pytest.param(EXPIRY_AFTER_A_TAG_ENDED, True, id="expiry_after_a_tag_ended"),
     pytest.param(RETENTION_ACROSS_A_SWAP, True, id="retention_across_a_swap"),
+    pytest.param(REJOIN_AFTER_RECONCILE, False, id="rejoin_after_reconcile"),
+    pytest.param(MOVE_AFTER_REJOIN, False, id="move_after_rejoin"),
 ]
 
 

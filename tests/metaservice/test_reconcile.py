@@ -40,6 +40,7 @@ from metaservice.settings import Settings
 from spark_barrier.iceberg.catalog import ensure_table
 from spark_barrier.iceberg.stamps import SUMMARY_BARRIER, SUMMARY_BATCH, SUMMARY_JOB
 from tests.metaservice.helpers import (
+    API,
     SLOT,
     T0,
     barrier,
@@ -439,6 +440,36 @@ def test_service_on_plain_stamps(db_url: str, client: TestClient, clock: ManualC
     assert [(s["batch_id"], s["snapshot_id"]) for s in mapping] == [(0, 11), (2, 12)]
     job = get_json(client, "/jobs/src")
     assert (job["last_batch_id"], job["last_barrier"]) == (2, b0)
+
+
+def test_a_job_registered_again_finds_its_former_batches_present(
+    db_url: str, client: TestClient, clock: ManualClock
+) -> None:
+    """The table keeps a deleted job's commits; the job registered again under the name
+    finds them recorded (not a snapshot recorded elsewhere), and its new batch added."""
+    put_job(client, "src", ["ods.a"])
+    b0 = barrier(client, "src", 0)["barrier"]
+    commit(client, "src", 0, b0, "ods.a", 11)
+    assert client.delete(f"{API}/jobs/src").status_code == 204
+    put_job(client, "src", ["ods.a"])
+    clock.advance(1000)
+    b1 = barrier(client, "src", 1)["barrier"]
+    stamps = {
+        "ods.a": [
+            Stamp(snapshot_id=11, barrier=b0, job="src", batch_id=0),  # the former job's
+            Stamp(snapshot_id=12, barrier=b1, job="src", batch_id=1),  # added
+        ]
+    }
+    db = Database(db_url)
+    try:
+        ctx = Context(settings=Settings(db_url=db_url), clock=clock)
+        report = db.write(lambda s: service.reconcile(s, ctx, stamps))
+    finally:
+        db.dispose()
+    (a,) = report.tables
+    assert (a.already_present, [r.snapshot_id for r in a.added], a.conflicts) == (1, [12], [])
+    mapping = get_json(client, "/tables/ods.a/snapshots")["items"]
+    assert [s["snapshot_id"] for s in mapping] == [11, 12]
 
 
 # -- the command line ---------------------------------------------------------------------
