@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.table import Table, TableProperties
 
@@ -76,13 +77,19 @@ def ensure_table(
         raise ValueError(f"table identifier needs a namespace: {identifier!r}")
     iceberg_schema = _iceberg_schema(schema)
     spec = partition_spec(partition_by, iceberg_schema)
-    catalog.create_namespace_if_not_exists(namespace)
-    table = catalog.create_table_if_not_exists(
-        identifier,
-        schema=iceberg_schema,
-        partition_spec=spec,
-        properties={TableProperties.COMMIT_NUM_RETRIES: "0"},
-    )
+    try:
+        # Looked up first: pyiceberg's SQL, Hive and Glue catalogs write a new table's
+        # metadata file before they find the name taken, so creating an existing table
+        # would leave an orphan metadata file in it at every job start.
+        table = catalog.load_table(identifier)
+    except NoSuchTableError:
+        catalog.create_namespace_if_not_exists(namespace)
+        table = catalog.create_table_if_not_exists(  # (another driver may be creating it)
+            identifier,
+            schema=iceberg_schema,
+            partition_spec=spec,
+            properties={TableProperties.COMMIT_NUM_RETRIES: "0"},
+        )
     if partition_by:
         asked = describe(spec, iceberg_schema)
         check_same_spec(identifier, describe(table.spec(), table.schema()), asked)

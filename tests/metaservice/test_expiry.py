@@ -96,13 +96,13 @@ class Lake:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def table(self, name: str) -> Table:
-        created = ensure_table(self.catalog, name, SCHEMA)
-        if created.metadata.name_mapping() is None:
+        table = ensure_table(self.catalog, name, SCHEMA)
+        if table.metadata.name_mapping() is None:
             # Parquet files written by pyarrow carry no field ids: readers go by name.
-            mapping = created.schema().name_mapping.model_dump_json()
-            with created.transaction() as txn:
+            mapping = table.schema().name_mapping.model_dump_json()
+            with table.transaction() as txn:
                 txn.set_properties({TableProperties.DEFAULT_NAME_MAPPING: mapping})
-        return self.catalog.load_table(name)
+        return table
 
     def batch(
         self, job: str, batch_id: int, table: str, rows: list[int], *, replace: bool = False

@@ -96,6 +96,17 @@ def test_two_drivers_committing_one_batch_leave_one_snapshot(
     _zombie_race(catalog, table, writes)
 
 
+def test_ensure_table_of_an_existing_table_writes_no_metadata_file(catalog: Catalog) -> None:
+    table = ensure_table(catalog, "ns.t", SCHEMA)
+    folder = table.metadata_location.removeprefix("file://").rsplit("/", 1)[0]
+    before = sorted(os.listdir(folder))
+
+    again = ensure_table(catalog, "ns.t", SCHEMA)
+
+    assert again.metadata_location == table.metadata_location
+    assert sorted(os.listdir(folder)) == before == [table.metadata_location.rsplit("/", 1)[1]]
+
+
 def test_a_table_not_made_by_ensure_table_gets_pyiceberg_retries_turned_off(
     catalog: Catalog, writes: list[Any]
 ) -> None:
