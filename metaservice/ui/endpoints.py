@@ -15,6 +15,7 @@ CONSOLE_URL = "/ui"
 STATIC_DIR = Path(__file__).parent / "static"
 
 router = APIRouter(tags=["console"], dependencies=[require(Role.READER)])
+ROUTER_ERRORS = error_responses(401, 403, 422)  # what every route of it may answer
 
 
 @router.get(
@@ -29,11 +30,11 @@ def table_leases(
     )
 
 
-def install_console(app: FastAPI, api_prefix: str = "/api/v1") -> None:
-    """Mount the console's pages at ``/ui`` and add its read endpoint under ``api_prefix``.
+def install_console(app: FastAPI) -> None:
+    """Mount the console's pages at ``/ui`` (its read endpoint is :data:`router`, which
+    the app includes under ``/api/v1`` with :data:`ROUTER_ERRORS`).
 
     The pages are static and open: every piece of data comes from the API, which
     checks the bearer token the page sends. ``/ui`` redirects to ``/ui/``.
     """
-    app.include_router(router, prefix=api_prefix, responses=error_responses(401, 403, 422))
     app.mount(CONSOLE_URL, StaticFiles(directory=STATIC_DIR, html=True), name="console")
