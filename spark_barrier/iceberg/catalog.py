@@ -78,9 +78,9 @@ def ensure_table(
     iceberg_schema = _iceberg_schema(schema)
     spec = partition_spec(partition_by, iceberg_schema)
     try:
-        # Looked up first: pyiceberg's SQL, Hive and Glue catalogs write a new table's
-        # metadata file before they find the name taken, so creating an existing table
-        # would leave an orphan metadata file in it at every job start.
+        # Looked up first: pyiceberg's SQL, Hive, Glue and DynamoDB catalogs write a new
+        # table's metadata file before they find the name taken, so creating an existing
+        # table would leave an orphan metadata file in it at every job start.
         table = catalog.load_table(identifier)
     except NoSuchTableError:
         catalog.create_namespace_if_not_exists(namespace)
