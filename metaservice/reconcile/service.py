@@ -235,11 +235,11 @@ class _Reconciliation:
                 f"as snapshot {snapshot} at barrier {barrier}",
             )
         other = index.by_snapshot.get(stamp.snapshot_id)
-        if other is not None and other[0] is None:
-            # Recorded for a job since deleted (the table keeps its commits): a job
-            # registered again under the name finds its former batches recorded.
-            return _PRESENT
         if other is not None:
+            if other[0] is None:
+                # Recorded for a job since deleted (the table keeps its commits): a job
+                # registered again under the name finds its former batches recorded.
+                return _PRESENT
             other_job = self.session.get(Job, other[0])
             return _issue(
                 stamp,
