@@ -1846,13 +1846,15 @@ class Simulation:
             self._fresh = self._advancer is None
         raise AssertionError(f"PUT /jobs/{name} still 409 history_ahead after 8 slots")
 
-    def _took_over(self, table: str, writer: JobState | None = None) -> None:
+    def _took_over(self, table: str, writer: JobState | None = None) -> int:
         """A new writer took the table: it starts above its history, which may reach
         into the current slot (the old writer's batches there). So do the writer's
-        other outputs (``writer``: a job that had some), which share its frontier."""
-        front = self.call("GET", f"/tables/{table}", {200}).json()["frontier"] or 0
+        other outputs (``writer``: a job that had some), which share its frontier.
+        Returns the table's frontier."""
+        front: int = self.call("GET", f"/tables/{table}", {200}).json()["frontier"] or 0
         for t in {table, *(writer.outputs if writer else ())}:
             self.held[t] = max(self.held.get(t, 0), front)
+        return front
 
     def _forget_driver(self, jd: JobDef, js: JobState, unknown: list[Pending]) -> None:
         """The deleted job's batches that no report recorded: an operator rolls their
@@ -2072,8 +2074,7 @@ class Simulation:
         if r.status_code == 409:
             return "adding refused"
         to.outputs.append(extra)
-        self._took_over(extra, to)
-        now = self.call("GET", f"/tables/{extra}", {200}).json()["frontier"] or 0
+        now = self._took_over(extra, to)
         assert now >= held, (
             f"{extra} moved from {js.name} to {to.name}: its frontier went back from {held} "
             f"to {now} (a move keeps the table's history and frontier)"

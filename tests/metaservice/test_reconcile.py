@@ -51,6 +51,7 @@ from tests.metaservice.helpers import (
     put_job,
     unchanged,
 )
+from tests.metaservice.test_expiry import services
 
 TABLES = ("dw.detail", "dw.stats", "ods.orders")
 SCHEMA = pa.schema([pa.field("batch", pa.int64())])
@@ -443,7 +444,7 @@ def test_service_on_plain_stamps(db_url: str, client: TestClient, clock: ManualC
 
 
 def test_a_job_registered_again_finds_its_former_batches_present(
-    db_url: str, client: TestClient, clock: ManualClock
+    client: TestClient, clock: ManualClock
 ) -> None:
     """The table keeps a deleted job's commits; the job registered again under the name
     finds them recorded (not a snapshot recorded elsewhere), and its new batch added."""
@@ -460,12 +461,8 @@ def test_a_job_registered_again_finds_its_former_batches_present(
             Stamp(snapshot_id=12, barrier=b1, job="src", batch_id=1),  # added
         ]
     }
-    db = Database(db_url)
-    try:
-        ctx = Context(settings=Settings(db_url=db_url), clock=clock)
-        report = db.write(lambda s: service.reconcile(s, ctx, stamps))
-    finally:
-        db.dispose()
+    svc = services(client)
+    report = svc.db.write(lambda s: service.reconcile(s, svc.ctx, stamps))
     (a,) = report.tables
     assert (a.already_present, [r.snapshot_id for r in a.added], a.conflicts) == (1, [12], [])
     mapping = get_json(client, "/tables/ods.a/snapshots")["items"]
