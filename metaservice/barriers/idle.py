@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from graphlib import TopologicalSorter
+from typing import Any
 
 from sqlalchemy.orm import Session
 
 from metaservice.barriers import frontiers as fr
 from metaservice.barriers import repository as repo
 from metaservice.context import Context
-from metaservice.models import DERIVED, SOURCE, Batch, Job
+from metaservice.models import DERIVED, SOURCE, Job
 from metaservice.topology import repository as topo
 
 
@@ -60,8 +61,8 @@ def advance_idle_many(
         return 0
     locked = repo.try_lock_jobs(session, repo.derived_upstream(session, wanted))
     busy = repo.jobs_with_open_batches(session, list(locked))
-    inputs = topo.input_tables_of_jobs(session, sorted(set(locked) - busy))
-    writer_ids = {t.writer_id for ts in inputs.values() for t in ts if t.writer_id is not None}
+    inputs = topo.input_writers_of_jobs(session, sorted(set(locked) - busy))
+    writer_ids = {w for ws in inputs.values() for w in ws if w is not None}
     writers: dict[int, Job] = {
         **topo.jobs_by_ids(session, sorted(writer_ids - set(locked))),
         **locked,
@@ -74,10 +75,10 @@ def advance_idle_many(
         job_id = stack.pop()
         if job_id in movable or job_id in busy or job_id not in locked:
             continue
-        tables = inputs.get(job_id, [])
-        if not tables or any(t.writer_id is None or t.writer_id not in writers for t in tables):
+        input_writers = inputs.get(job_id, [])
+        if not input_writers or any(w is None or w not in writers for w in input_writers):
             continue  # an input nobody writes has no frontier yet
-        ids = sorted({t.writer_id for t in tables if t.writer_id is not None})
+        ids = sorted({w for w in input_writers if w is not None})
         movable[job_id] = ids
         stack.extend(w for w in ids if writers[w].kind == DERIVED)
     if not movable:
@@ -100,7 +101,7 @@ def advance_idle_many(
     committed = repo.committed_in_ranges(session, ranges)
     order = TopologicalSorter({j: [w for w in ids if w in movable] for j, ids in movable.items()})
     now = ctx.now_ms()
-    batches: list[Batch] = []
+    batches: list[dict[str, Any]] = []
     moved: dict[Job, int] = {}
     for job_id in order.static_order():
         job = locked[job_id]
@@ -114,19 +115,7 @@ def advance_idle_many(
             target = fr.aligned_target(at, limit, ctx.interval, candidates)
             if target is None or (changed is not None and changed <= target):
                 break
-            batches.append(
-                Batch(
-                    job_id=job.id,
-                    batch_id=-target,
-                    barrier=target,
-                    start_barrier=at,
-                    committed=True,
-                    abandoned=False,
-                    advanced=True,
-                    created_ms=now,
-                    committed_ms=now,
-                )
-            )
+            batches.append(repo.advanced_batch(job.id, at, target, now))
             at = target
             committed.setdefault(job_id, set()).add(target)  # a candidate for its readers
         front[job_id] = at

@@ -20,6 +20,7 @@ from metaservice.models import (
     Table,
 )
 from metaservice.models.revisions import ACTIVE, SWAPPED
+from metaservice.sql import one_of
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,7 @@ def session_tables(
     found = {
         table_id: (current, horizon)
         for table_id, current, horizon in session.execute(
-            select(Table.id, Table.name, Table.expiry_horizon).where(Table.id.in_(ids))
+            select(Table.id, Table.name, Table.expiry_horizon).where(one_of(Table.id, ids))
         )
     }
     tables = []

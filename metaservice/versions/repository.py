@@ -13,12 +13,13 @@ from sqlalchemy.orm import Session
 from metaservice.barriers import watermark
 from metaservice.barriers.repository import snapshots
 from metaservice.models import Job, Lease, LeaseSnapshot, Table
+from metaservice.sql import one_of
 from metaservice.topology.repository import storable
 
 _TABLES_WITH_WRITERS = (
     select(Table, Job)
     .outerjoin(Job, Job.id == Table.writer_id)
-    .where(Table.name.in_(bindparam("names", expanding=True)))
+    .where(one_of(Table.name, bindparam("names", expanding=True)))
 )
 
 
@@ -56,7 +57,7 @@ def table_ids_by_names(session: Session, names: Sequence[str]) -> dict[str, int]
     names = [n for n in names if storable(n)]
     if not names:
         return {}
-    rows = session.execute(select(Table.name, Table.id).where(Table.name.in_(names)))
+    rows = session.execute(select(Table.name, Table.id).where(one_of(Table.name, names)))
     return {name: table_id for name, table_id in rows}
 
 
@@ -67,7 +68,7 @@ def fresh_tables_by_names(session: Session, names: Sequence[str]) -> dict[str, T
     if not names:
         return {}
     rows = session.execute(
-        select(Table).where(Table.name.in_(names)).execution_options(populate_existing=True)
+        select(Table).where(one_of(Table.name, names)).execution_options(populate_existing=True)
     ).scalars()
     return {t.name: t for t in rows}
 
@@ -87,7 +88,7 @@ def lock_tables(session: Session, table_ids: Sequence[int], *, exclusive: bool) 
     return list(
         session.execute(
             select(Table)
-            .where(Table.id.in_(sorted(set(table_ids))))
+            .where(one_of(Table.id, sorted(set(table_ids))))
             .order_by(Table.id)
             .with_for_update(read=not exclusive, key_share=exclusive)
             .execution_options(populate_existing=True)

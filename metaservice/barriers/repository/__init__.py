@@ -55,6 +55,7 @@ from metaservice.barriers.repository.frontiers import (
     source_progress,
 )
 from metaservice.barriers.repository.idle import (
+    advanced_batch,
     committed_in_ranges,
     derived_upstream,
     first_changes,
@@ -89,6 +90,7 @@ __all__ = [
     "NewBatchFacts",
     "SourceProgress",
     "add_batch_inputs",
+    "advanced_batch",
     "batch_and_newest",
     "batch_input_tables",
     "batches_by_id",

@@ -7,7 +7,7 @@ at import, with bound parameters (see the comment on ``_LOCK_JOBS_BY_NAME``)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from sqlalchemy import BigInteger, bindparam, delete, func, insert, inspect, or_, select, update
 from sqlalchemy.orm import Session, aliased
@@ -17,6 +17,7 @@ from metaservice.barriers.repository._common import _JOB_ID, _JOBS, _OPEN, _SPAR
 from metaservice.errors import NotFound
 from metaservice.models import Batch, BatchInput, ClockState, Commit, Job, Table
 from metaservice.revisions.repository import SUPERSEDING
+from metaservice.sql import one_of
 from metaservice.topology.repository import COUNT_OUTPUTS, storable
 
 # The statements of the hot requests (barriers, reports, next-barrier) are built once,
@@ -24,7 +25,7 @@ from metaservice.topology.repository import COUNT_OUTPUTS, storable
 # key on each call, about a third of a small ORM statement's Python time.
 _LOCK_JOBS_BY_NAME = (
     select(Job)
-    .where(Job.name.in_(bindparam("names", expanding=True)))
+    .where(one_of(Job.name, bindparam("names", expanding=True)))
     .order_by(Job.name)
     .with_for_update()
     .execution_options(populate_existing=True)
@@ -144,8 +145,16 @@ def insert_batches(session: Session, batches: Sequence[Batch]) -> None:
     if len(batches) == 1:
         insert_batch(session, batches[0])
     elif batches:
-        rows = [{c.key: getattr(b, c.key) for c in _BATCH_COLUMNS} for b in batches]
-        session.connection().execute(_INSERT_BATCH, rows)
+        insert_batch_rows(
+            session, [{c.key: getattr(b, c.key) for c in _BATCH_COLUMNS} for b in batches]
+        )
+
+
+def insert_batch_rows(session: Session, rows: Sequence[dict[str, Any]]) -> None:
+    """Write new batches given as rows (every column of ``batches`` but ``id``), in one
+    statement, without building an ORM object per batch."""
+    if rows:
+        session.connection().execute(_INSERT_BATCH, list(rows))
 
 
 def insert_open_batch(session: Session, job: Job, batch: Batch, now_ms: int) -> None:
@@ -193,7 +202,7 @@ def get_batch(session: Session, job_id: int, batch_id: int) -> Batch | None:
 
 def batches_by_id(session: Session, job_id: int, batch_ids: Sequence[int]) -> dict[int, Batch]:
     rows = session.execute(
-        select(Batch).where(Batch.job_id == job_id, Batch.batch_id.in_(set(batch_ids)))
+        select(Batch).where(Batch.job_id == job_id, one_of(Batch.batch_id, set(batch_ids)))
     ).scalars()
     return {batch.batch_id: batch for batch in rows}
 
@@ -262,7 +271,7 @@ def jobs_with_open_batches(session: Session, job_ids: Sequence[int]) -> set[int]
         return set()
     return set(
         session.execute(
-            select(Batch.job_id).where(Batch.job_id.in_(list(job_ids)), _OPEN).distinct()
+            select(Batch.job_id).where(one_of(Batch.job_id, list(job_ids)), _OPEN).distinct()
         ).scalars()
     )
 

@@ -10,6 +10,7 @@ from sqlalchemy import insert, literal, select
 from sqlalchemy.orm import Session
 
 from metaservice.models import Batch, Table, TableExactBarrier
+from metaservice.sql import one_of
 
 
 def latest_exact_at_or_before(
@@ -43,7 +44,7 @@ def latest_exact_at_or_before(
     )
     rows = session.execute(
         select(Table.id, by_writer, by_former, Table.source_until).where(
-            Table.id.in_(list(table_ids))
+            one_of(Table.id, list(table_ids))
         )
     )
     found: dict[int, int] = {}

@@ -11,13 +11,14 @@ from sqlalchemy.orm import Session
 
 from metaservice.barriers.repository._common import _OPEN
 from metaservice.models import SOURCE, Batch, ClockState, Job
+from metaservice.sql import one_of
 
 _OLDEST_OPEN = (
     select(func.min(Batch.barrier)).where(Batch.job_id == Job.id, _OPEN).correlate(Job)
 ).scalar_subquery()
 _WATERMARK = select(ClockState.watermark).where(ClockState.id == 1).scalar_subquery()
 _SOURCE_PROGRESS = select(Job.id, Job.frontier, _OLDEST_OPEN, Job.offline_floor, _WATERMARK).where(
-    Job.id.in_(bindparam("ids", expanding=True))
+    one_of(Job.id, bindparam("ids", expanding=True))
 )
 
 
@@ -60,7 +61,7 @@ def latest_committed_at_or_before(
         .correlate(Job)
         .scalar_subquery()
     )
-    rows = session.execute(select(Job.id, latest).where(Job.id.in_(job_ids)))
+    rows = session.execute(select(Job.id, latest).where(one_of(Job.id, job_ids)))
     return {job_id: found for job_id, found in rows if found is not None}
 
 
@@ -90,7 +91,7 @@ def seal_candidates(
         session.execute(
             select(Job.id)
             .where(
-                Job.id.in_(ids),
+                one_of(Job.id, ids),
                 Job.kind == SOURCE,
                 Job.open_batches == 0,
                 Job.frontier < _sealable(closed, interval),
@@ -107,7 +108,7 @@ def seal(session: Session, job_ids: Sequence[int], closed: int, interval: int) -
     limit = _sealable(closed, interval)
     rows = session.execute(
         update(Job)
-        .where(Job.id.in_(job_ids), Job.open_batches == 0, Job.frontier < limit)
+        .where(one_of(Job.id, job_ids), Job.open_batches == 0, Job.frontier < limit)
         .values(frontier=limit)
         .returning(Job.id, Job.frontier)
         .execution_options(synchronize_session=False)

@@ -5,14 +5,16 @@ and the advances written in a statement or two."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy import BigInteger, Integer, and_, bindparam, or_, select, update
 from sqlalchemy.orm import Session, aliased
 from sqlalchemy.orm.attributes import set_committed_value
 
 from metaservice.barriers.repository._common import _JOBS
-from metaservice.barriers.repository.batches import insert_batches
+from metaservice.barriers.repository.batches import insert_batch_rows
 from metaservice.models import DERIVED, Batch, Commit, Job, JobInput, Table
+from metaservice.sql import one_of
 
 
 def try_lock_jobs(session: Session, job_ids: Sequence[int]) -> dict[int, Job]:
@@ -24,7 +26,7 @@ def try_lock_jobs(session: Session, job_ids: Sequence[int]) -> dict[int, Job]:
         return {}
     rows = session.execute(
         select(Job)
-        .where(Job.id.in_(sorted(job_ids)))
+        .where(one_of(Job.id, sorted(job_ids)))
         .order_by(Job.id)
         .with_for_update(skip_locked=True)
         .execution_options(populate_existing=True)
@@ -37,7 +39,7 @@ def derived_upstream(session: Session, job_ids: Sequence[int]) -> list[int]:
     recursive statement; a read without locks)."""
     if not job_ids:
         return []
-    start = select(Job.id).where(Job.id.in_(sorted(job_ids)), Job.kind == DERIVED)
+    start = select(Job.id).where(one_of(Job.id, sorted(job_ids)), Job.kind == DERIVED)
     up = start.cte("up", recursive=True)
     writer = aliased(Job)
     up = up.union(
@@ -73,7 +75,7 @@ def first_changes(session: Session, job_ids: Sequence[int]) -> dict[int, int]:
     rows = session.execute(
         select(JobInput.job_id, first)
         .join(Job, Job.id == JobInput.job_id)
-        .where(JobInput.job_id.in_(sorted(job_ids)))
+        .where(one_of(JobInput.job_id, sorted(job_ids)))
     )
     found: dict[int, int] = {}
     for job_id, barrier in rows:
@@ -91,7 +93,7 @@ def committed_in_ranges(
     found: dict[int, set[int]] = {j: set() for jobs in ranges.values() for j in jobs}
     terms = [
         and_(
-            Batch.job_id.in_(sorted(jobs)),
+            one_of(Batch.job_id, sorted(jobs)),
             Batch.barrier > after,
             *([Batch.barrier < below] if below is not None else []),
         )
@@ -116,11 +118,32 @@ _ADVANCE_JOB = (
 )
 
 
-def write_advances(session: Session, batches: Sequence[Batch], moved: dict[Job, int]) -> None:
-    """Write what advancing idle jobs recorded: the batches (kept out of the session) in
-    one statement, the jobs' new frontiers (``moved``: job -> frontier) in one more; the
-    jobs' rows in the session take the values written without being marked changed."""
-    insert_batches(session, batches)
+def advanced_batch(job_id: int, start: int, target: int, now_ms: int) -> dict[str, Any]:
+    """The row of the committed batch the MetaService records when it advances an idle
+    job over ``(start, target]`` (``batch_id`` is ``-target``: never a Spark batch id)."""
+    return {
+        "job_id": job_id,
+        "batch_id": -target,
+        "barrier": target,
+        "start_barrier": start,
+        "committed": True,
+        "abandoned": False,
+        "advanced": True,
+        "created_ms": now_ms,
+        "committed_ms": now_ms,
+        "query_id": None,
+        "outputs": None,
+    }
+
+
+def write_advances(
+    session: Session, batches: Sequence[dict[str, Any]], moved: dict[Job, int]
+) -> None:
+    """Write what advancing idle jobs recorded: the batches (rows of
+    :func:`advanced_batch`) in one statement, the jobs' new frontiers (``moved``: job ->
+    frontier) in one more; the jobs' rows in the session take the values written
+    without being marked changed."""
+    insert_batch_rows(session, batches)
     if not moved:
         return
     rows = [{"advanced_id": job.id, "advanced_to": f} for job, f in moved.items()]

@@ -10,6 +10,7 @@ from sqlalchemy import ColumnElement, ScalarSelect, Select, select
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from metaservice.models import Commit, Table
+from metaservice.sql import one_of
 
 
 def snapshot_at(session: Session, table_id: int, barrier: int) -> int | None:
@@ -39,7 +40,7 @@ def snapshots_at_barriers(
         return [{} for _ in barriers]
     rows = session.execute(
         select(Table.id, *(_snapshot_at(barrier) for barrier in barriers)).where(
-            Table.id.in_(table_ids)
+            one_of(Table.id, table_ids)
         )
     ).all()
     return [{row[0]: row[1 + i] for row in rows} for i in range(len(barriers))]
@@ -86,7 +87,7 @@ def latest_snapshots(session: Session, table_ids: Sequence[int]) -> dict[int, La
         .correlate(Table)
         .scalar_subquery()
     )
-    page = select(newest.label("commit_id")).where(Table.id.in_(table_ids)).subquery()
+    page = select(newest.label("commit_id")).where(one_of(Table.id, table_ids)).subquery()
     rows = session.execute(
         select(Commit.table_id, Commit.snapshot_id, Commit.barrier).join(
             page, Commit.id == page.c.commit_id
