@@ -1888,9 +1888,28 @@ def _machine_busy_s() -> float:
     return (sum(values) - values[3] - values[4]) / os.sysconf("SC_CLK_TCK")
 
 
+def _children(pids: list[int]) -> list[int]:
+    """The child processes of these (a service's advancer process on PostgreSQL)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                if parent in pids:
+                    found.append(int(entry.name))
+    return found
+
+
 def _cpu_now(service_pids: list[int]) -> dict[tuple[str, int], float]:
+    """CPU seconds so far by group; a service's child processes (its advancer's) count
+    as the service's, and again on their own as "service: advancer process"."""
     seen = {("load generator", 0): time.process_time(), ("machine", 0): _machine_busy_s()}
-    for group, pids in (("service", service_pids), ("postgresql", _postgres_pids())):
+    children = _children(service_pids)
+    for group, pids in (
+        ("service", service_pids + children),
+        ("service: advancer process", children),
+        ("postgresql", _postgres_pids()),
+    ):
         for pid in pids:
             cpu = _proc_cpu_s(pid)
             if cpu is not None:
@@ -1910,7 +1929,9 @@ async def _cpu_during(rec: _Recorder, service_pids: list[int]) -> dict[str, floa
         used = cpu - before.get((group, pid), 0.0)  # a backend started meanwhile: all of it
         cores[group] = cores.get(group, 0.0) + used / wall
     # the kernel's share of loopback networking, and other processes
-    cores["other"] = cores["machine"] - sum(v for k, v in cores.items() if k != "machine")
+    cores["other"] = cores["machine"] - sum(
+        v for k, v in cores.items() if k not in ("machine", "service: advancer process")
+    )
     return {group: round(value, 3) for group, value in cores.items()}
 
 

@@ -100,29 +100,16 @@ class ReplicaChanges:
                 continue
             try:
                 if conn is None:
-                    conn = self._connect()
-                for payload in self._payloads(names):
+                    conn = _connect(self._engine)
+                for payload in payloads(self.replica, names):
                     conn.driver_connection.execute(
                         "SELECT pg_notify(%s, %s)", (self.channel, payload)
                     )
             except Exception as exc:  # a hint lost: the polls' resync covers it
                 log.debug("could not notify the other replicas: %s", exc)
-                conn = self._close(conn)
-        self._close(conn)
-
-    def _payloads(self, names: list[str]) -> list[str]:
-        out: list[str] = []
-        chunk: list[str] = []
-        size = 0
-        for name in names:
-            if chunk and size + len(name) + 4 > MAX_PAYLOAD_BYTES - 40:
-                out.append(json.dumps({"r": self.replica, "j": chunk}))
-                chunk, size = [], 0
-            chunk.append(name)
-            size += len(name.encode()) + 4
-        if chunk:
-            out.append(json.dumps({"r": self.replica, "j": chunk}))
-        return out
+                _close(conn)
+                conn = None
+        _close(conn)
 
     # -- listening ----------------------------------------------------------------
 
@@ -130,7 +117,7 @@ class ReplicaChanges:
         while not self._stop.is_set():
             conn: Any = None
             try:
-                conn = self._connect()
+                conn = _connect(self._engine)
                 psycopg_conn = conn.driver_connection
                 psycopg_conn.execute(f'LISTEN "{self.channel}"')
                 self.listening.set()
@@ -141,7 +128,7 @@ class ReplicaChanges:
                 log.debug("listening for the other replicas failed: %s", exc)
                 self._stop.wait(RECONNECT_S)
             finally:
-                self._close(conn)
+                _close(conn)
 
     def _heard(self, payload: str) -> None:
         try:
@@ -154,26 +141,75 @@ class ReplicaChanges:
         if not self.loop.is_closed():
             self.loop.call_soon_threadsafe(lambda: self.changes.notify(names, remote=True))
 
-    # -- connections --------------------------------------------------------------
 
-    def _connect(self) -> Any:
-        """A connection of its own (no pool), in autocommit: a NOTIFY goes at once."""
-        raw = self._engine.raw_connection()
-        driver = raw.driver_connection
-        assert driver is not None  # a connection just opened has its driver's
-        driver.autocommit = True
-        return raw
+def _connect(engine: Engine) -> Any:
+    """A connection of its own (no pool), in autocommit: a NOTIFY goes at once."""
+    raw = engine.raw_connection()
+    driver = raw.driver_connection
+    assert driver is not None  # a connection just opened has its driver's
+    driver.autocommit = True
+    return raw
 
-    @staticmethod
-    def _close(conn: Any) -> None:
-        if conn is not None:
-            # Invalidated first: it closes the driver's connection with no reset, whose
-            # rollback on a connection the server dropped would log a traceback.
-            with contextlib.suppress(Exception):
-                conn.invalidate()
-            with contextlib.suppress(Exception):  # closing a broken connection
-                conn.close()
-        return None
+
+def _close(conn: Any) -> None:
+    """Close a connection of :func:`_connect`, broken or not."""
+    if conn is not None:
+        # Invalidated first: it closes the driver's connection with no reset, whose
+        # rollback on a connection the server dropped would log a traceback.
+        with contextlib.suppress(Exception):
+            conn.invalidate()
+        with contextlib.suppress(Exception):  # closing a broken connection
+            conn.close()
+
+
+def payloads(sender: str, names: list[str]) -> list[str]:
+    """The ``NOTIFY`` payloads telling that these jobs moved, each under PostgreSQL's
+    size limit; ``sender`` is the replica (or process) telling, which ignores its own."""
+    out: list[str] = []
+    chunk: list[str] = []
+    size = 0
+    for name in names:
+        if chunk and size + len(name) + 4 > MAX_PAYLOAD_BYTES - 40:
+            out.append(json.dumps({"r": sender, "j": chunk}))
+            chunk, size = [], 0
+        chunk.append(name)
+        size += len(name.encode()) + 4
+    if chunk:
+        out.append(json.dumps({"r": sender, "j": chunk}))
+    return out
+
+
+class ReplicaNotifier:
+    """Tells every replica of the schema that jobs moved, from a process that serves no
+    long poll itself (the advancer's, ``barriers/advancer.py``): one ``NOTIFY`` per
+    call, sent at once on a connection of its own. A hint like any other: one lost
+    (the database unreachable) is covered by the polls' resync."""
+
+    def __init__(self, db_url: str) -> None:
+        self.sender = f"advancer-{uuid.uuid4().hex[:12]}"
+        self._engine: Engine = create_engine(normalise_url(db_url), poolclass=NullPool)
+        self._conn: Any = None
+        self._channel: str | None = None
+
+    def __call__(self, names: list[str]) -> None:
+        try:
+            if self._conn is None:
+                self._conn = _connect(self._engine)
+                schema = self._conn.driver_connection.execute("SELECT current_schema()")
+                self._channel = channel_for(str(schema.fetchone()[0]))
+            for payload in payloads(self.sender, sorted(set(names))):
+                self._conn.driver_connection.execute(
+                    "SELECT pg_notify(%s, %s)", (self._channel, payload)
+                )
+        except Exception as exc:
+            log.debug("could not notify the replicas: %s", exc)
+            _close(self._conn)
+            self._conn = None
+
+    def close(self) -> None:
+        _close(self._conn)
+        self._conn = None
+        self._engine.dispose()
 
 
 def start_replica_changes(db_url: str, changes: Changes) -> ReplicaChanges | None:

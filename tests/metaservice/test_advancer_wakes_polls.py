@@ -54,7 +54,7 @@ def test_a_tick_that_raised_the_watermark_wakes_the_polls(client, clock) -> None
     services = client.app.state.services
     put_job(client, "src", ["ods.s"])
     run_batch(client, "src", 0, {"ods.s": 1})
-    advancer = Advancer(services.db, services.ctx, services.changes)
+    advancer = Advancer(services.db, services.ctx, services.changes.notify_threadsafe)
     advancer.run_once()  # whatever the first tick finds to do
     thread, outcome = _waiting(services.changes, ["src"], timeout=10)
     clock.advance(2 * SLOT)  # a slot closed: the next tick raises the watermark
@@ -67,7 +67,7 @@ def test_a_tick_that_raised_the_watermark_wakes_the_polls(client, clock) -> None
 def test_a_tick_that_moved_nothing_wakes_no_poll(client, clock) -> None:
     services = client.app.state.services
     put_job(client, "src", ["ods.s"])
-    advancer = Advancer(services.db, services.ctx, services.changes)
+    advancer = Advancer(services.db, services.ctx, services.changes.notify_threadsafe)
     advancer.run_once()
     thread, outcome = _waiting(services.changes, ["src"], timeout=1.0)
     done = advancer.run_once()  # the same slot: nothing to raise or advance

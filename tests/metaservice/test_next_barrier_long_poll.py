@@ -105,6 +105,35 @@ def test_a_report_on_one_replica_wakes_a_long_poll_on_another(pg_url, clock, mon
         assert time.monotonic() - reported < 3, "the other replica's poll was not woken"
 
 
+def test_the_advancer_process_wakes_every_poll_of_a_replica(pg_url, clock):
+    # The advancer's process serves no poll: it tells the replicas through NOTIFY
+    # that every job may have moved (metaservice/barriers/advancer.py).
+    import asyncio
+
+    from metaservice.barriers.changes import EVERY_JOB
+    from metaservice.barriers.replica_changes import ReplicaNotifier
+
+    migrate_fresh(pg_url)
+    with custom_client(pg_url, clock) as one:
+        changes = one.app.state.services.changes
+        assert changes.on_local.__self__.listening.wait(10), "the replica does not listen"  # type: ignore[union-attr]
+        notify = ReplicaNotifier(pg_url)
+        try:
+
+            async def poll() -> tuple[bool, float]:
+                seen = changes.mark()
+                began = time.monotonic()
+                waiting = asyncio.ensure_future(changes.wait(["src"], since=seen, timeout=10))
+                await asyncio.sleep(0.2)
+                await asyncio.to_thread(notify, [EVERY_JOB])
+                return await waiting, time.monotonic() - began
+
+            woken, took = one.portal.call(poll)  # type: ignore[union-attr]
+        finally:
+            notify.close()
+    assert woken and took < 5, (woken, took)
+
+
 def test_replicas_of_other_schemas_do_not_hear_each_other(pg_url, clock):
     from sqlalchemy import create_engine
 

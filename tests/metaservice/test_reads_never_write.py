@@ -14,7 +14,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy import event
 
-from metaservice.barriers import advancer
+from metaservice.barriers import advancer, watermark
 from metaservice.clock import ManualClock
 from tests.metaservice.helpers import (
     API,
@@ -26,6 +26,7 @@ from tests.metaservice.helpers import (
     next_barrier,
     put_job,
 )
+from tests.migrated import migrate_fresh
 
 # (SQLite, PostgreSQL): the statements of the read of all 100 tables (SQLite counts its
 # BEGIN): the tables with their writers, the sources' progress with S, the exactness
@@ -219,5 +220,76 @@ def test_the_background_advancer_raises_the_watermark_each_slot(db_url):
         runners = [c.app.state.services for c in (a, b)]  # type: ignore[attr-defined]
         assert all(s.ctx.idle_advance == "background" for s in runners)
         if not db_url.startswith("sqlite"):
+            # each replica's advancer is a process of its own; one holds the lock
             advancers = [c.app.state.advancer for c in (a, b)]  # type: ignore[attr-defined]
-            assert sorted(x._leader is not None for x in advancers) == [False, True]
+            assert all(x.pid is not None for x in advancers)
+            assert _advancer_lock_holders(db_url) == 1
+
+
+def _advancer_lock_holders(db_url: str) -> int:
+    """Sessions holding the advancer's leader lock on this schema (PostgreSQL)."""
+    from sqlalchemy import create_engine, func, select, text
+
+    from metaservice.db import normalise_url
+
+    engine = create_engine(normalise_url(db_url))
+    try:
+        with engine.connect() as conn:
+            key = conn.scalar(select(func.hashtext(func.current_schema()))) & 0xFFFFFFFF
+            return int(
+                conn.scalar(
+                    text(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+                        " AND classid = :lock AND objid = :key AND objsubid = 2"
+                    ),
+                    {"lock": watermark.ADVANCER_LOCK, "key": key},
+                )
+            )
+    finally:
+        engine.dispose()
+
+
+def test_the_advancer_process_is_started_again_and_stopped_with_the_service(pg_url):
+    """On PostgreSQL the advancer is a process of its own: killed, it is started again
+    and leads again; the service's stop ends it."""
+    import os
+    import signal
+    import time
+
+    from metaservice.app import create_app
+    from metaservice.settings import Settings
+
+    migrate_fresh(pg_url)
+    settings = Settings(db_url=pg_url, barrier_interval_ms=100)
+    with TestClient(create_app(settings)) as client:
+        process = client.app.state.advancer  # type: ignore[attr-defined]
+        first = _wait_for(lambda: process.pid if _advancer_lock_holders(pg_url) else None)
+        os.kill(first, signal.SIGKILL)
+        second = _wait_for(
+            lambda: (
+                process.pid
+                if process.pid != first and _advancer_lock_holders(pg_url) == 1
+                else None
+            )
+        )
+    assert second != first
+    time.sleep(0.2)
+    assert not os.path.exists(f"/proc/{second}") or _is_zombie(second), "still running"
+    assert _advancer_lock_holders(pg_url) == 0
+
+
+def _wait_for(found, seconds: float = 20):  # type: ignore[no-untyped-def]
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = found()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"not within {seconds} s")
+
+
+def _is_zombie(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
