@@ -32,6 +32,7 @@ the advancer on a thread of the service.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import logging.config
 import subprocess
@@ -199,8 +200,9 @@ class AdvancerProcess:
                     text=True,
                 )
                 assert proc.stdin is not None  # asked for: PIPE
-                proc.stdin.write(self._settings + "\n")
-                proc.stdin.flush()
+                with contextlib.suppress(OSError):  # it ended at once: told below
+                    proc.stdin.write(self._settings + "\n")
+                    proc.stdin.flush()
             code = proc.wait()
             if not self._stop.is_set():
                 log.error(
@@ -229,12 +231,13 @@ class AdvancerProcess:
 def start_advancer(
     db: Database, ctx: Context, changes: Changes | None = None
 ) -> Advancer | AdvancerProcess | None:
-    """The background advancer when the settings ask for one, started (a process of
-    its own on PostgreSQL, a thread on SQLite); None otherwise."""
+    """The background advancer when the settings ask for one, started: a process of
+    its own on PostgreSQL, a thread on SQLite or on a clock other than the system's
+    (a process has only the system clock); None otherwise."""
     if ctx.idle_advance != "background":
         return None
-    if not is_sqlite(ctx.settings.db_url):
-        return AdvancerProcess(ctx.settings).start()
+    if not is_sqlite(ctx.settings.db_url) and isinstance(ctx.clock, SystemClock):
+        return AdvancerProcess(ctx.settings).start()  # its process keeps the system clock
     return Advancer(db, ctx, changes.notify_threadsafe if changes is not None else None).start()
 
 

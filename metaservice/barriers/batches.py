@@ -23,7 +23,7 @@ from metaservice.barriers.ranges import batch_view
 from metaservice.barriers.schemas import BatchBarrier, BatchRequest
 from metaservice.barriers.source_batches import new_source_batch, replay_abandoned
 from metaservice.context import Context
-from metaservice.models import DERIVED, SOURCE
+from metaservice.models import DERIVED, SOURCE, Job
 
 
 def batch_barrier(
@@ -34,8 +34,19 @@ def batch_barrier(
     request: BatchRequest | None = None,
 ) -> BatchBarrier:
     """The barrier of a batch; the same answer for a replayed batch."""
+    return batch_barrier_of(session, ctx, lock_job_named(session, job_name), batch_id, request)
+
+
+def batch_barrier_of(
+    session: Session,
+    ctx: Context,
+    job: Job,
+    batch_id: int,
+    request: BatchRequest | None = None,
+) -> BatchBarrier:
+    """:func:`batch_barrier` of a job this transaction has just locked
+    (``lock_job_named``); the job's row in the session stays as written."""
     request = request or BatchRequest()
-    job = lock_job_named(session, job_name)
     batch, newest = repo.batch_and_newest(session, job.id, batch_id)
     if batch is None:
         check_query_of(job, batch_id, request.query_id, newest)

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from sqlalchemy.orm import Session
 
 from metaservice.barriers import batches, offline, reports
+from metaservice.barriers.batch_checks import lock_job_named
 from metaservice.barriers.schemas import (
     BatchRequest,
     Carried,
@@ -34,6 +35,7 @@ from metaservice.barriers.schemas import (
 )
 from metaservice.context import Context
 from metaservice.errors import Invalid, ServiceError, TooLarge
+from metaservice.models import Job
 from metaservice.topology import service as topology
 
 
@@ -44,8 +46,9 @@ def barrier_carrying(
     refused barrier raises (see :func:`parts_only`)."""
     carried = Carried()
     _reports(session, ctx, job, request, carried)
-    answer = batches.batch_barrier(session, ctx, job, batch_id, request)
-    _after_barrier(session, ctx, job, request, carried)
+    locked = lock_job_named(session, job)
+    answer = batches.batch_barrier_of(session, ctx, locked, batch_id, request)
+    _after_barrier(session, ctx, job, request, carried, locked)
     return CarriedBatchBarrier(**dict(answer), carried=carried)
 
 
@@ -93,13 +96,20 @@ def _reports(
 
 
 def _after_barrier(
-    session: Session, ctx: Context, job: str, request: BatchRequest, carried: Carried
+    session: Session,
+    ctx: Context,
+    job: str,
+    request: BatchRequest,
+    carried: Carried,
+    locked: Job | None = None,
 ) -> None:
+    """The progress and the promise; ``locked``: the job's row as the barrier locked
+    and left it, which they take instead of reading it again."""
     if request.progress is not None:
         progress = request.progress
 
         def record_progress() -> None:
-            topology.record_event(session, ctx, job, progress)
+            topology.record_event(session, ctx, job, progress, locked)
             carried.progress = True
 
         carried.progress_refused = _refusal(record_progress)
@@ -107,7 +117,7 @@ def _after_barrier(
         floor = request.floor
 
         def renew() -> None:
-            carried.grant = offline.grant(session, ctx, job, floor)
+            carried.grant = offline.grant(session, ctx, job, floor, locked)
 
         carried.grant_refused = _refusal(renew)
 

@@ -54,7 +54,10 @@ MAX_CLAIM_AHEAD_MS = 60_000
 
 
 def _source_job(session: Session, job_name: str) -> Job:
-    job = lock_job_named(session, job_name)
+    return _as_source(lock_job_named(session, job_name))
+
+
+def _as_source(job: Job) -> Job:
     if job.kind != SOURCE:
         raise Invalid(
             f"job '{job.name}' reads tables; only source jobs can give their batches "
@@ -65,9 +68,13 @@ def _source_job(session: Session, job_name: str) -> Job:
     return job
 
 
-def grant(session: Session, ctx: Context, job_name: str, promised_floor: int) -> OfflineGrant:
-    """Take or renew the job's offline grant; see the module docstring."""
-    job = _source_job(session, job_name)
+def grant(
+    session: Session, ctx: Context, job_name: str, promised_floor: int, locked: Job | None = None
+) -> OfflineGrant:
+    """Take or renew the job's offline grant; see the module docstring. ``locked``: the
+    job's row as this transaction locked it already (a barrier request carrying the
+    promise), not read again."""
+    job = _as_source(locked) if locked is not None else _source_job(session, job_name)
     # Never below the sealed frontier nor the watermark S (read under its lock, held
     # shared, so that no raise lands between the read and this grant's commit): the
     # frontier, capped below the floor, must not step back (barriers/watermark.py).

@@ -436,11 +436,15 @@ def delete_table_log(session: Session, ctx: Context, name: str) -> TableView:
     return get_table(session, ctx, name)
 
 
-def record_event(session: Session, ctx: Context, name: str, event: JobEvent) -> Job:
+def record_event(
+    session: Session, ctx: Context, name: str, event: JobEvent, job: Job | None = None
+) -> Job:
     """Liveness from the Spark listener: status, last progress, last seen. Returns the
     job's row; its view (:func:`job_view`: edges, frontier) costs more statements than
-    recording the event, so the endpoint builds it only for callers that want it."""
-    job = repo.require_job(session, name)
+    recording the event, so the endpoint builds it only for callers that want it.
+    ``job``: its row already read in this transaction (a barrier request carrying the
+    event), not read again."""
+    job = job if job is not None else repo.require_job(session, name)
     job.status = {"started": "running", "progress": "running"}.get(event.event, event.event)
     # Through the ORM, not a plain UPDATE: the OpenLineage emitter sees a listener event
     # in the flush (metaservice/openlineage/emit.py).

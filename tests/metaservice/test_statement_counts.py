@@ -32,8 +32,9 @@ BOUNDS: dict[str, tuple[int, int]] = {
     # listener's progress and the offline-grant promise, in one transaction; the four
     # requests it replaces sent 7 + 7 + 3 + 3 (SQLite) and 6 + 6 + 2 + 2 (PostgreSQL)
     # before the watermark; with it, the barrier and the grant each read S (and on
-    # PostgreSQL take its lock, once per transaction)
-    "source barrier carrying report, progress, promise": (18, 18),
+    # PostgreSQL take its lock, once per transaction); the progress and the promise take
+    # the job's row as the barrier locked it (they read it again: 18, 18)
+    "source barrier carrying report, progress, promise": (16, 16),
     "derived barrier": (9, 8),
     "derived report": (8, 7),
     "next-barrier": (11, 10),
