@@ -142,17 +142,14 @@ def could_advance(session: Session, ctx: Context, jobs: Sequence[Job]) -> bool:
         if not layer:
             return False
         busy = repo.jobs_with_open_batches(session, [j.id for j in layer])
-        inputs = topo.input_tables_of_jobs(session, [j.id for j in layer if j.id not in busy])
+        inputs = topo.input_writers_of_jobs(session, [j.id for j in layer if j.id not in busy])
         writers = topo.jobs_by_ids(
-            session, sorted({t.writer_id for ts in inputs.values() for t in ts if t.writer_id})
+            session, sorted({w for ws in inputs.values() for w in ws if w is not None})
         )
         fronts = fr.frontiers(session, ctx, list(writers.values()), sealed_only=False)
         upstream: list[Job] = []
         for job in layer:
-            wanted = [
-                writers.get(t.writer_id) if t.writer_id is not None else None
-                for t in inputs.get(job.id, [])
-            ]
+            wanted = [writers.get(w) if w is not None else None for w in inputs.get(job.id, [])]
             found = [w for w in wanted if w is not None]
             if job.id in busy or not found or len(found) < len(wanted):
                 continue  # an input nobody writes: nothing to advance to
