@@ -198,6 +198,9 @@ class AdvancerProcess:
                     [sys.executable, "-m", "metaservice.barriers.advancer"],
                     stdin=subprocess.PIPE,
                     text=True,
+                    # not in the service's process group: a Ctrl-C in the terminal
+                    # stops the service, which then stops this process itself
+                    start_new_session=True,
                 )
                 assert proc.stdin is not None  # asked for: PIPE
                 with contextlib.suppress(OSError):  # it ended at once: told below

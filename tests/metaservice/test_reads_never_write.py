@@ -264,6 +264,7 @@ def test_the_advancer_process_is_started_again_and_stopped_with_the_service(pg_u
     with TestClient(create_app(settings)) as client:
         process = client.app.state.advancer  # type: ignore[attr-defined]
         first = _wait_for(lambda: process.pid if _advancer_lock_holders(pg_url) else None)
+        assert os.getsid(first) == first  # a Ctrl-C to the service's group misses it
         os.kill(first, signal.SIGKILL)
         second = _wait_for(
             lambda: (
