@@ -9,7 +9,8 @@ thread on a connection of its own hands the other replicas' names to this replic
 reads the database again when woken, and its periodic resync still covers what was
 lost (a notification dropped while a connection was down, a write path that does not
 notify). The channel is named after the database schema, so replicas of one
-deployment hear each other and those of another schema (tests) do not.
+deployment hear each other and those of another schema (tests) do not. The per-slot
+advancer's process, which serves no poll, only sends (:class:`ReplicaNotifier`).
 
 SQLite has no replicas: nothing starts there.
 """
