@@ -57,7 +57,7 @@ class ReplicaChanges:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self.channel = self._channel()
+        self.channel = _channel_of(self._engine)
         self.listening = threading.Event()  # set once LISTEN ran (tests)
         self._threads = [
             threading.Thread(target=self._send_loop, name="changes-notify", daemon=True),
@@ -66,11 +66,6 @@ class ReplicaChanges:
         changes.on_local = self.tell
         for thread in self._threads:
             thread.start()
-
-    def _channel(self) -> str:
-        with self._engine.connect() as conn:
-            schema = conn.exec_driver_sql("SELECT current_schema()").scalar_one()
-        return channel_for(str(schema))
 
     def tell(self, names: list[str]) -> None:
         """This replica's jobs that moved (their transactions committed)."""
@@ -102,10 +97,7 @@ class ReplicaChanges:
             try:
                 if conn is None:
                     conn = _connect(self._engine)
-                for payload in payloads(self.replica, names):
-                    conn.driver_connection.execute(
-                        "SELECT pg_notify(%s, %s)", (self.channel, payload)
-                    )
+                _notify(conn, self.channel, self.replica, names)
             except Exception as exc:  # a hint lost: the polls' resync covers it
                 log.debug("could not notify the other replicas: %s", exc)
                 _close(conn)
@@ -141,6 +133,20 @@ class ReplicaChanges:
             return  # this replica's own: its polls were woken already
         if not self.loop.is_closed():
             self.loop.call_soon_threadsafe(lambda: self.changes.notify(names, remote=True))
+
+
+def _channel_of(engine: Engine) -> str:
+    """The channel of the replicas on the engine's schema."""
+    with engine.connect() as conn:
+        schema = conn.exec_driver_sql("SELECT current_schema()").scalar_one()
+    return channel_for(str(schema))
+
+
+def _notify(conn: Any, channel: str, sender: str, names: list[str]) -> None:
+    """Tell the channel's listeners that these jobs moved, on a connection of
+    :func:`_connect`."""
+    for payload in payloads(sender, names):
+        conn.driver_connection.execute("SELECT pg_notify(%s, %s)", (channel, payload))
 
 
 def _connect(engine: Engine) -> Any:
@@ -194,14 +200,11 @@ class ReplicaNotifier:
 
     def __call__(self, names: list[str]) -> None:
         try:
+            if self._channel is None:
+                self._channel = _channel_of(self._engine)
             if self._conn is None:
                 self._conn = _connect(self._engine)
-                schema = self._conn.driver_connection.execute("SELECT current_schema()")
-                self._channel = channel_for(str(schema.fetchone()[0]))
-            for payload in payloads(self.sender, sorted(set(names))):
-                self._conn.driver_connection.execute(
-                    "SELECT pg_notify(%s, %s)", (self._channel, payload)
-                )
+            _notify(self._conn, self._channel, self.sender, sorted(set(names)))
         except Exception as exc:
             log.debug("could not notify the replicas: %s", exc)
             _close(self._conn)

@@ -25,6 +25,7 @@ from tests.metaservice.helpers import (
     db_state,
     next_barrier,
     put_job,
+    wait_for,
 )
 from tests.migrated import migrate_fresh
 
@@ -263,32 +264,18 @@ def test_the_advancer_process_is_started_again_and_stopped_with_the_service(pg_u
     settings = Settings(db_url=pg_url, barrier_interval_ms=100)
     with TestClient(create_app(settings)) as client:
         process = client.app.state.advancer  # type: ignore[attr-defined]
-        first = _wait_for(lambda: process.pid if _advancer_lock_holders(pg_url) else None)
+        assert wait_for(lambda: _advancer_lock_holders(pg_url) == 1, timeout=20), "no leader"
+        first = process.pid
         assert os.getsid(first) == first  # a Ctrl-C to the service's group misses it
         os.kill(first, signal.SIGKILL)
-        second = _wait_for(
-            lambda: (
-                process.pid
-                if process.pid != first and _advancer_lock_holders(pg_url) == 1
-                else None
-            )
-        )
+        assert wait_for(
+            lambda: process.pid != first and _advancer_lock_holders(pg_url) == 1, timeout=20
+        ), "not started again, or not leading"
+        second = process.pid
     assert second != first
     time.sleep(0.2)
     assert not os.path.exists(f"/proc/{second}") or _is_zombie(second), "still running"
     assert _advancer_lock_holders(pg_url) == 0
-
-
-def _wait_for(found, seconds: float = 20):  # type: ignore[no-untyped-def]
-    import time
-
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = found()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"not within {seconds} s")
 
 
 def _is_zombie(pid: int) -> bool:
