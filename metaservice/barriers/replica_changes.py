@@ -38,6 +38,7 @@ log = logging.getLogger("metaservice.changes")
 COALESCE_S = 0.01  # names told within this long go in one NOTIFY
 MAX_PAYLOAD_BYTES = 7000  # PostgreSQL's limit is 8000
 RECONNECT_S = 1.0
+LISTEN_WAIT_S = 0.5  # how often the listener looks whether it was stopped
 
 
 def channel_for(schema: str) -> str:
@@ -77,9 +78,25 @@ class ReplicaChanges:
         self.changes.on_local = None
         self._stop.set()
         self._wake.set()
+        self._wake_listener()
         for thread in self._threads:
             thread.join(timeout=5)
         self._engine.dispose()
+
+    def _wake_listener(self) -> None:
+        """End the listener's wait for a notification now, not up to
+        :data:`LISTEN_WAIT_S` later: a note of this replica's own, which it ignores
+        (stopping a replica took half a second, most of a test's teardown)."""
+        if not self.listening.is_set():
+            return
+        conn: Any = None
+        try:
+            conn = _connect(self._engine)
+            _send(conn, self.channel, json.dumps({"r": self.replica, "j": []}))
+        except Exception as exc:  # it ends at its next timeout instead
+            log.debug("could not wake the listener: %s", exc)
+        finally:
+            _close(conn)
 
     # -- sending ------------------------------------------------------------------
 
@@ -115,7 +132,10 @@ class ReplicaChanges:
                 psycopg_conn.execute(f'LISTEN "{self.channel}"')
                 self.listening.set()
                 while not self._stop.is_set():
-                    for note in psycopg_conn.notifies(timeout=0.5):
+                    # notifies() waits out its whole timeout, however many notes come
+                    for note in psycopg_conn.notifies(timeout=LISTEN_WAIT_S):
+                        if self._stop.is_set():
+                            break
                         self._heard(note.payload)
             except Exception as exc:
                 log.debug("listening for the other replicas failed: %s", exc)
@@ -146,7 +166,11 @@ def _notify(conn: Any, channel: str, sender: str, names: list[str]) -> None:
     """Tell the channel's listeners that these jobs moved, on a connection of
     :func:`_connect`."""
     for payload in payloads(sender, names):
-        conn.driver_connection.execute("SELECT pg_notify(%s, %s)", (channel, payload))
+        _send(conn, channel, payload)
+
+
+def _send(conn: Any, channel: str, payload: str) -> None:
+    conn.driver_connection.execute("SELECT pg_notify(%s, %s)", (channel, payload))
 
 
 def _connect(engine: Engine) -> Any:
