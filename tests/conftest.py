@@ -16,7 +16,6 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import quote
 
 import pytest
 from fastapi.testclient import TestClient
@@ -27,7 +26,7 @@ from metaservice.clock import ManualClock
 from metaservice.db import normalise_url
 from metaservice.settings import Settings
 from tests.cluster import StandaloneCluster
-from tests.migrated import migrate_fresh
+from tests.migrated import drop_free_schemas, migrate_fresh, pg_schema_at_head, with_search_path
 from tests.s3 import S3Server
 
 PG_ENV = "METASERVICE_TEST_PG_URL"
@@ -45,11 +44,6 @@ def pg_base_url() -> str | None:
             pytest.fail(f"{PG_ENV} is not set; CI must run the PostgreSQL tests")
         return None
     return normalise_url(url)
-
-
-def _with_search_path(url: str, schema: str) -> str:
-    joiner = "&" if "?" in url else "?"
-    return f"{url}{joiner}options={quote(f'-csearch_path={schema}')}"
 
 
 @pytest.fixture(autouse=True)
@@ -103,7 +97,7 @@ def pg_schema() -> Iterator[str]:
     with admin.connect() as conn:
         conn.execute(text(f"CREATE SCHEMA {schema}"))
     try:
-        yield _with_search_path(base, schema)
+        yield with_search_path(base, schema)
     finally:
         with admin.connect() as conn:
             conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
@@ -116,12 +110,26 @@ def sqlite_url(tmp_path) -> str:  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def db_url(request) -> str:  # type: ignore[no-untyped-def]
+def db_url(request) -> Iterator[str]:  # type: ignore[no-untyped-def]
     """An empty database of each kind at the migrations' head: the one ``alembic
-    upgrade`` makes, copied from one this process migrated (tests/migrated.py)."""
-    url = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
-    migrate_fresh(url)
-    return url  # type: ignore[no-any-return]
+    upgrade`` makes, copied from one this process migrated, or on PostgreSQL a schema an
+    earlier test of this process used, emptied back to head (tests/migrated.py)."""
+    if request.param == "sqlite":
+        url = request.getfixturevalue("sqlite_url")
+        migrate_fresh(url)
+        yield url
+        return
+    base = pg_base_url()
+    if base is None:
+        pytest.skip(f"set {PG_ENV} to run the PostgreSQL tests")
+    with pg_schema_at_head(base) as url:
+        yield url
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    base = pg_base_url() if os.environ.get(PG_ENV) else None
+    if base is not None:
+        drop_free_schemas(base)
 
 
 @pytest.fixture(scope="session")

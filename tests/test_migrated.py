@@ -8,9 +8,11 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, inspect, text
 
+from metaservice.clock import ManualClock
 from metaservice.migrate import head_revision, upgrade
-from tests.conftest import pg_schema
-from tests.migrated import migrate_fresh
+from tests.conftest import START_MS, pg_base_url, pg_schema
+from tests.metaservice.helpers import custom_client, put_job, run_batch
+from tests.migrated import migrate_fresh, pg_schema_at_head
 
 
 def _catalog(url: str) -> dict[str, Any]:
@@ -66,3 +68,39 @@ def test_a_fresh_database_is_the_one_upgrade_makes(two_empty: tuple[str, str]) -
     assert "alembic_version" in b and len(b) > 10
     assert a == b
     assert b["alembic_version"]["rows"] == [repr((head_revision(),))]
+
+
+@pytest.mark.postgres
+def test_a_schema_used_by_a_test_is_emptied_back_to_the_one_upgrade_makes() -> None:
+    base = pg_base_url()
+    if base is None:
+        pytest.skip("no PostgreSQL")
+    with pg_schema_at_head(base) as first, custom_client(first, ManualClock(START_MS)) as client:
+        put_job(client, "a", ["ods.a"])  # what a test leaves: rows, the clock moved
+        put_job(client, "b", ["ods.b"])
+        run_batch(client, "b", 0, {"ods.b": 1})
+    with pg_schema_at_head(base) as reused, pg_schema() as upgraded:
+        assert reused == first, "the used schema was not kept for the next test"
+        upgrade(upgraded)
+        assert _catalog(reused) == _catalog(upgraded)
+        with custom_client(reused, ManualClock(START_MS)) as client:  # ids start again
+            put_job(client, "b", ["ods.b"])
+        engine = create_engine(reused)
+        with engine.connect() as conn:
+            ids = conn.execute(text("SELECT id FROM jobs")).scalars().all()
+        engine.dispose()
+        assert ids == [1], ids
+
+
+@pytest.mark.postgres
+def test_a_schema_whose_catalog_a_test_changed_is_not_reused() -> None:
+    base = pg_base_url()
+    if base is None:
+        pytest.skip("no PostgreSQL")
+    with pg_schema_at_head(base) as first:
+        engine = create_engine(first)
+        with engine.begin() as conn:
+            conn.execute(text("CREATE TABLE iceberg_tables (x int)"))
+        engine.dispose()
+    with pg_schema_at_head(base) as second:
+        assert second != first

@@ -50,7 +50,7 @@ from metaservice.lifecycle import service as lifecycle
 from metaservice.reconcile.schemas import Stamp
 from metaservice.reconcile.service import reconcile as reconcile_stamps
 from metaservice.settings import Settings
-from tests.conftest import START_MS, _with_search_path, pg_base_url
+from tests.conftest import START_MS, pg_base_url
 from tests.metaservice.simulation import (
     ALL_CHECKS,
     INTERVAL_MS,
@@ -91,7 +91,7 @@ from tests.metaservice.simulation import (
     schedules,
     topologies,
 )
-from tests.migrated import migrate_fresh
+from tests.migrated import migrate_fresh, with_search_path
 
 _EXAMPLES = int(os.environ.get("METASERVICE_PROPERTY_EXAMPLES", "0"))
 _NO_SHRINK = os.environ.get("METASERVICE_PROPERTY_NO_SHRINK", "") not in ("", "0")
@@ -141,7 +141,7 @@ def _database(backend: str) -> Iterator[str]:
         with admin.connect() as conn:
             conn.execute(text(f"CREATE SCHEMA {schema}"))
         try:
-            url = _with_search_path(base, schema)
+            url = with_search_path(base, schema)
             migrate_fresh(url)
             yield url
         finally:
