@@ -2,7 +2,9 @@
 and the service in-process.
 
 PostgreSQL tests read the server's URL from METASERVICE_TEST_PG_URL (``.ci/run``
-sets it). Each test gets its own schema there, so tests never see each other's rows.
+sets it). Each test gets a schema of its own there (one an earlier test of the same
+process used, emptied back to head: tests/migrated.py), so tests never see each
+other's rows.
 Without the variable they are skipped, except under CI=true, where that is an error.
 """
 

@@ -8,7 +8,9 @@ each test process migrates once and copies the result:
 - SQLite: ``upgrade`` into a template file, which each test's database file is a copy of;
 - PostgreSQL: ``upgrade`` into a template schema while every statement it sends is
   recorded (with its parameters), then replayed in one transaction into each test's own
-  schema (its URL's ``search_path``; the migrations name no schema).
+  schema (its URL's ``search_path``; the migrations name no schema); once a test is
+  done with its schema, the schema is emptied back to head for the process's next test
+  (:func:`pg_schema_at_head`).
 
 Either way the database is the one ``upgrade`` makes (``tests/test_migrated.py``
 compares their catalogs). Tests of the migrations themselves call ``upgrade``.
