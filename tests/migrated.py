@@ -146,7 +146,8 @@ _free_schemas: list[str] = []
 _resetting: Engine | None = None  # one connection of this process, for the resets
 
 # Every table, column (with its type and nullability), constraint, index, trigger and
-# function of the connection's schema, as one text; schema names left out.
+# function of the connection's schema, as one text; schema names left out, and the
+# triggers PostgreSQL makes for foreign keys (named by their oids).
 _FINGERPRINT = """
 SELECT md5(coalesce(string_agg(item, E'\\n' ORDER BY item), '')) FROM (
     SELECT c.relname || ' ' || c.relkind::text || ' ' || coalesce(a.attname, '') || ' '
@@ -163,7 +164,8 @@ SELECT md5(coalesce(string_agg(item, E'\\n' ORDER BY item), '')) FROM (
     FROM pg_indexes WHERE schemaname = current_schema()
     UNION ALL
     SELECT tgrelid::regclass::text || ' ' || tgname FROM pg_trigger t
-    JOIN pg_class c ON c.oid = t.tgrelid WHERE c.relnamespace = current_schema()::regnamespace
+    JOIN pg_class c ON c.oid = t.tgrelid
+    WHERE c.relnamespace = current_schema()::regnamespace AND NOT t.tgisinternal
     UNION ALL
     SELECT proname FROM pg_proc WHERE pronamespace = current_schema()::regnamespace
 ) items

@@ -104,3 +104,16 @@ def test_a_schema_whose_catalog_a_test_changed_is_not_reused() -> None:
         engine.dispose()
     with pg_schema_at_head(base) as second:
         assert second != first
+
+
+@pytest.mark.postgres
+def test_every_schema_a_test_used_is_kept() -> None:
+    # Each schema its own: nothing of one schema's catalog (such as the names of the
+    # triggers PostgreSQL makes for foreign keys, by oid) may tell two apart.
+    base = pg_base_url()
+    if base is None:
+        pytest.skip("no PostgreSQL")
+    with pg_schema_at_head(base) as one, pg_schema_at_head(base) as two:
+        pass
+    with pg_schema_at_head(base) as again, pg_schema_at_head(base) as again_too:
+        assert {again, again_too} == {one, two}
