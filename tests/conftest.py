@@ -48,6 +48,14 @@ def pg_base_url() -> str | None:
     return normalise_url(url)
 
 
+def pg_base_url_or_skip() -> str:
+    """:func:`pg_base_url`; the test is skipped without one."""
+    base = pg_base_url()
+    if base is None:
+        pytest.skip(f"set {PG_ENV} to run the PostgreSQL tests")
+    return base
+
+
 @pytest.fixture(autouse=True)
 def _logging_restored() -> Iterator[None]:
     """Undo what a test's in-process ``metaservice start`` did to logging (dictConfig):
@@ -91,9 +99,7 @@ def pg_url() -> Iterator[str]:
 @contextmanager
 def pg_schema() -> Iterator[str]:
     """The URL of a fresh, empty PostgreSQL schema, dropped at the end."""
-    base = pg_base_url()
-    if base is None:
-        pytest.skip(f"set {PG_ENV} to run the PostgreSQL tests")
+    base = pg_base_url_or_skip()
     schema = "t_" + uuid.uuid4().hex[:12]
     admin = create_engine(base, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
@@ -121,17 +127,13 @@ def db_url(request) -> Iterator[str]:  # type: ignore[no-untyped-def]
         migrate_fresh(url)
         yield url
         return
-    base = pg_base_url()
-    if base is None:
-        pytest.skip(f"set {PG_ENV} to run the PostgreSQL tests")
+    base = pg_base_url_or_skip()
     with pg_schema_at_head(base) as url:
         yield url
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    base = pg_base_url() if os.environ.get(PG_ENV) else None
-    if base is not None:
-        drop_free_schemas(base)
+    drop_free_schemas()
 
 
 @pytest.fixture(scope="session")

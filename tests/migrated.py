@@ -143,7 +143,15 @@ class _Head:
 
 _head: _Head | None = None
 _free_schemas: list[str] = []
-_resetting: Engine | None = None  # one connection of this process, for the resets
+_server: Engine | None = None  # one connection of this process: schemas made, reset, dropped
+
+
+def _server_of(base: str) -> Engine:
+    global _server
+    if _server is None:
+        _server = create_engine(base, pool_size=1)
+    return _server
+
 
 # Every table, column (with its type and nullability), constraint, index, trigger and
 # function of the connection's schema, as one text; schema names left out, and the
@@ -179,22 +187,19 @@ def _read_head(conn: Any) -> _Head:
         result = conn.exec_driver_sql(f'SELECT * FROM "{table}"')
         rows[table] = (list(result.keys()), [tuple(r) for r in result])
     names = "SELECT sequencename FROM pg_sequences WHERE schemaname = current_schema()"
-    sequences = {
-        name: tuple(conn.exec_driver_sql(f'SELECT last_value, is_called FROM "{name}"').one())
-        for name in sorted(conn.exec_driver_sql(names).scalars())
-    }
+    sequences = {}
+    for name in sorted(conn.exec_driver_sql(names).scalars()):
+        value, called = conn.exec_driver_sql(f'SELECT last_value, is_called FROM "{name}"').one()
+        sequences[name] = (int(value), bool(called))
     fingerprint = conn.exec_driver_sql(_FINGERPRINT).scalar_one()
-    return _Head(fingerprint, rows, sequences)  # type: ignore[arg-type]
+    return _Head(fingerprint, rows, sequences)
 
 
 def _empty(base: str, schema: str) -> bool:
     """Bring a used schema back to head (see above); False when it cannot be reused."""
-    global _resetting
     assert _head is not None
-    if _resetting is None:
-        _resetting = create_engine(base, pool_size=1)
     try:
-        with _resetting.begin() as conn:
+        with _server_of(base).begin() as conn:
             conn.exec_driver_sql(f"SET LOCAL search_path TO {schema}")
             conn.exec_driver_sql("SET LOCAL lock_timeout = '5s'")  # a test left a session
             # the same tables and sequences as at head, and the same definitions
@@ -220,46 +225,38 @@ def pg_schema_at_head(base: str) -> Iterator[str]:
     """The URL of a PostgreSQL schema at head for one test: a used one emptied, or a new
     one migrated; kept for the next test afterwards, or dropped."""
     global _head
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    server = _server_of(base)
+    if _free_schemas:
+        schema = _free_schemas.pop()
+    else:
+        schema = "t_" + uuid.uuid4().hex[:12]
+        with server.begin() as conn:
+            conn.exec_driver_sql(f"CREATE SCHEMA {schema}")
+        migrate_fresh(with_search_path(base, schema))
+    if _head is None:
+        with server.begin() as conn:
+            conn.exec_driver_sql(f"SET LOCAL search_path TO {schema}")
+            _head = _read_head(conn)
     try:
-        if _free_schemas:
-            schema = _free_schemas.pop()
+        yield with_search_path(base, schema)
+    finally:
+        if _empty(base, schema):
+            _free_schemas.append(schema)
         else:
-            schema = "t_" + uuid.uuid4().hex[:12]
-            with admin.connect() as conn:
-                conn.execute(text(f"CREATE SCHEMA {schema}"))
-            migrate_fresh(with_search_path(base, schema))
-        url = with_search_path(base, schema)
-        if _head is None:
-            engine = create_engine(normalise_url(url))
-            with engine.connect() as conn:
-                _head = _read_head(conn)
-            engine.dispose()
-        try:
-            yield url
-        finally:
-            if _empty(base, schema):
-                _free_schemas.append(schema)
-            else:
-                with admin.connect() as conn:
-                    conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
-    finally:
-        admin.dispose()
+            with server.begin() as conn:
+                conn.exec_driver_sql(f"DROP SCHEMA {schema} CASCADE")
 
 
-def drop_free_schemas(base: str) -> None:
+def drop_free_schemas() -> None:
     """Drop the schemas this process kept (at its end)."""
-    global _resetting
-    if _resetting is not None:
-        _resetting.dispose()
-        _resetting = None
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            while _free_schemas:
-                conn.execute(text(f"DROP SCHEMA IF EXISTS {_free_schemas.pop()} CASCADE"))
-    finally:
-        admin.dispose()
+    global _server
+    if _server is None:
+        return
+    with _server.begin() as conn:
+        while _free_schemas:
+            conn.exec_driver_sql(f"DROP SCHEMA IF EXISTS {_free_schemas.pop()} CASCADE")
+    _server.dispose()
+    _server = None
 
 
 def with_search_path(url: str, schema: str) -> str:

@@ -10,7 +10,7 @@ from sqlalchemy import create_engine, inspect, text
 
 from metaservice.clock import ManualClock
 from metaservice.migrate import head_revision, upgrade
-from tests.conftest import START_MS, pg_base_url, pg_schema
+from tests.conftest import START_MS, pg_base_url_or_skip, pg_schema
 from tests.metaservice.helpers import custom_client, put_job, run_batch
 from tests.migrated import migrate_fresh, pg_schema_at_head
 
@@ -72,9 +72,7 @@ def test_a_fresh_database_is_the_one_upgrade_makes(two_empty: tuple[str, str]) -
 
 @pytest.mark.postgres
 def test_a_schema_used_by_a_test_is_emptied_back_to_the_one_upgrade_makes() -> None:
-    base = pg_base_url()
-    if base is None:
-        pytest.skip("no PostgreSQL")
+    base = pg_base_url_or_skip()
     with pg_schema_at_head(base) as first, custom_client(first, ManualClock(START_MS)) as client:
         put_job(client, "a", ["ods.a"])  # what a test leaves: rows, the clock moved
         put_job(client, "b", ["ods.b"])
@@ -94,9 +92,7 @@ def test_a_schema_used_by_a_test_is_emptied_back_to_the_one_upgrade_makes() -> N
 
 @pytest.mark.postgres
 def test_a_schema_whose_catalog_a_test_changed_is_not_reused() -> None:
-    base = pg_base_url()
-    if base is None:
-        pytest.skip("no PostgreSQL")
+    base = pg_base_url_or_skip()
     with pg_schema_at_head(base) as first:
         engine = create_engine(first)
         with engine.begin() as conn:
@@ -110,9 +106,7 @@ def test_a_schema_whose_catalog_a_test_changed_is_not_reused() -> None:
 def test_every_schema_a_test_used_is_kept() -> None:
     # Each schema its own: nothing of one schema's catalog (such as the names of the
     # triggers PostgreSQL makes for foreign keys, by oid) may tell two apart.
-    base = pg_base_url()
-    if base is None:
-        pytest.skip("no PostgreSQL")
+    base = pg_base_url_or_skip()
     with pg_schema_at_head(base) as one, pg_schema_at_head(base) as two:
         pass
     with pg_schema_at_head(base) as again, pg_schema_at_head(base) as again_too:
