@@ -24,9 +24,11 @@ class Deliverer:
     """Background thread delivering an outbox's records in order through ``send``.
 
     ``send(batch)`` gets up to ``batch_size`` reports in sequence order and must raise
-    on failure, in which case the same batch is retried with exponential backoff
+    on failure, in which case delivery is retried with exponential backoff
     (``initial_backoff_s`` doubling up to ``max_backoff_s``, each delay shortened by a
-    random fraction up to ``jitter`` so that many drivers do not retry in lockstep).
+    random fraction up to ``jitter`` so that many drivers do not retry in lockstep). A
+    retry reads the outbox again: it sends the failed batch's records and those written
+    during the outage, up to ``batch_size``, so a backlog drains in full batches.
     It should raise only for failures worth retrying: a report the service refuses for
     good (e.g. a 409 conflict) must be logged and swallowed by ``send``, or it would
     block every later report. After a success the batch is acknowledged in the outbox.
@@ -213,15 +215,15 @@ class Deliverer:
             self._try_ack()
 
     def _deliver(self, records: list[Report]) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._send(records)
-            except Exception as exc:
-                self._failed(exc, "cannot deliver reports to the MetaService")
-                continue
-            self._recovered()
-            return True
-        return False
+        """Send once; a failure waits out its backoff and leaves the records for the next
+        step to read again (with any written since)."""
+        try:
+            self._send(records)
+        except Exception as exc:
+            self._failed(exc, "cannot deliver reports to the MetaService")
+            return False
+        self._recovered()
+        return True
 
     def _try_ack(self) -> None:
         if self._delivered <= self._outbox.acked_seq:
