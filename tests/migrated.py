@@ -132,13 +132,20 @@ def _postgres_script(url: str) -> list[Statement]:
 
 
 @dataclass(frozen=True)
+class Rows:
+    """Every row of a schema's tables, and its sequences' positions."""
+
+    tables: dict[str, tuple[list[str], list[tuple[Any, ...]]]]  # table -> (columns, rows)
+    sequences: dict[str, tuple[int, bool]]  # sequence -> (last_value, is_called)
+
+
+@dataclass(frozen=True)
 class _Head:
-    """What an unused schema at head holds: its catalog's fingerprint, the rows the
-    migrations wrote and its sequences' positions."""
+    """What an unused schema at head holds: its catalog's fingerprint, and the rows the
+    migrations wrote with its sequences' positions."""
 
     fingerprint: str
-    rows: dict[str, tuple[list[str], list[tuple[Any, ...]]]]  # table -> (columns, rows)
-    sequences: dict[str, tuple[int, bool]]  # sequence -> (last_value, is_called)
+    rows: Rows
 
 
 _head: _Head | None = None
@@ -180,19 +187,37 @@ SELECT md5(coalesce(string_agg(item, E'\\n' ORDER BY item), '')) FROM (
 """
 
 
-def _read_head(conn: Any) -> _Head:
-    rows = {}
-    tables = "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
-    for table in sorted(conn.exec_driver_sql(tables).scalars()):
+def _read_rows(conn: Any) -> Rows:
+    tables = {}
+    names = "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
+    for table in sorted(conn.exec_driver_sql(names).scalars()):
         result = conn.exec_driver_sql(f'SELECT * FROM "{table}"')
-        rows[table] = (list(result.keys()), [tuple(r) for r in result])
+        tables[table] = (list(result.keys()), [tuple(r) for r in result])
     names = "SELECT sequencename FROM pg_sequences WHERE schemaname = current_schema()"
     sequences = {}
     for name in sorted(conn.exec_driver_sql(names).scalars()):
         value, called = conn.exec_driver_sql(f'SELECT last_value, is_called FROM "{name}"').one()
         sequences[name] = (int(value), bool(called))
-    fingerprint = conn.exec_driver_sql(_FINGERPRINT).scalar_one()
-    return _Head(fingerprint, rows, sequences)
+    return Rows(tables, sequences)
+
+
+def _put_rows(conn: Any, rows: Rows) -> None:
+    """Replace every row of the tables ``rows`` names with its rows, and set its
+    sequences (in the caller's transaction)."""
+    # No foreign key checked while the rows go and come back (superuser only).
+    conn.exec_driver_sql("SET LOCAL session_replication_role = replica")
+    for table, (columns, values) in rows.tables.items():
+        conn.exec_driver_sql(f'DELETE FROM "{table}"')
+        if values:
+            names = ", ".join(f'"{c}"' for c in columns)
+            marks = ", ".join(["%s"] * len(columns))
+            conn.exec_driver_sql(f'INSERT INTO "{table}" ({names}) VALUES ({marks})', values)
+    for name, (value, called) in rows.sequences.items():
+        conn.exec_driver_sql("SELECT setval(%s, %s, %s)", (f'"{name}"', value, called))
+
+
+def _read_head(conn: Any) -> _Head:
+    return _Head(conn.exec_driver_sql(_FINGERPRINT).scalar_one(), _read_rows(conn))
 
 
 def _empty(base: str, schema: str) -> bool:
@@ -205,19 +230,31 @@ def _empty(base: str, schema: str) -> bool:
             # the same tables and sequences as at head, and the same definitions
             if conn.exec_driver_sql(_FINGERPRINT).scalar_one() != _head.fingerprint:
                 return False
-            # No foreign key checked while the rows go and come back (superuser only).
-            conn.exec_driver_sql("SET LOCAL session_replication_role = replica")
-            for table, (columns, rows) in _head.rows.items():
-                conn.exec_driver_sql(f'DELETE FROM "{table}"')
-                if rows:
-                    names = ", ".join(f'"{c}"' for c in columns)
-                    marks = ", ".join(["%s"] * len(columns))
-                    conn.exec_driver_sql(f'INSERT INTO "{table}" ({names}) VALUES ({marks})', rows)
-            for name, (value, called) in _head.sequences.items():
-                conn.exec_driver_sql("SELECT setval(%s, %s, %s)", (f'"{name}"', value, called))
+            _put_rows(conn, _head.rows)
         return True
     except Exception:  # whatever went wrong, dropping the schema is always right
         return False
+
+
+def pg_rows(url: str) -> Rows:
+    """Every row of the PostgreSQL schema ``url`` names (its ``search_path``)."""
+    engine = create_engine(normalise_url(url))
+    try:
+        with engine.connect() as conn:
+            return _read_rows(conn)
+    finally:
+        engine.dispose()
+
+
+def pg_put_rows(url: str, rows: Rows) -> None:
+    """Make the PostgreSQL schema ``url`` names hold ``rows`` (from :func:`pg_rows` of a
+    schema with the same catalog), as one transaction."""
+    engine = create_engine(normalise_url(url))
+    try:
+        with engine.begin() as conn:
+            _put_rows(conn, rows)
+    finally:
+        engine.dispose()
 
 
 @contextmanager

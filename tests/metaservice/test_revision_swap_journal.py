@@ -1,6 +1,9 @@
 """The swap through a catalog outside the MetaService's database (a real pyiceberg SQL
 catalog in its own SQLite file), with a fault at each of its catalog calls in turn.
 
+Every case starts from the same ready revision: prepared once per kind of database by a
+test process, and put back from copies for its next cases (:func:`prepare`).
+
 The catalog stays real: a subclass of pyiceberg's ``SqlCatalog`` raises once at the N-th
 call the swap makes (before the call, or after it, as a reply lost on the way back).
 After the fault the test tries what an operator or a schedule would (expiry, cancel),
@@ -13,7 +16,11 @@ The pipeline is test_revisions': revising dw.detail affects dw.detail and dws.su
 
 from __future__ import annotations
 
+import copy
+import shutil
+import sqlite3
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +32,7 @@ pytest.importorskip("pyiceberg")
 from fastapi.testclient import TestClient
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
+from sqlalchemy.engine import make_url
 
 from metaservice.catalog_loading import open_catalog, sql_catalog_properties
 from metaservice.clock import ManualClock
@@ -33,9 +41,10 @@ from metaservice.lifecycle.iceberg import CATALOG_NAME
 from metaservice.revisions import swap as swap_module
 from metaservice.settings import Settings
 from tests.metaservice.helpers import API, consistent, custom_client, get_json
-from tests.metaservice.test_expiry import Lake, lake_for, local, reachable, services
+from tests.metaservice.test_expiry import Lake, Written, lake_for, local, reachable, services
 from tests.metaservice.test_revision_swap import catch_up, ready_revision_with_history
 from tests.metaservice.test_revisions import catalog_tables
+from tests.migrated import Rows, pg_put_rows, pg_rows
 
 AFFECTED = ["dw.detail", "dws.summary"]
 ALL = ["ods.orders", "ods.items", *AFFECTED]
@@ -87,35 +96,6 @@ def faulty_loader(properties: dict[str, str], faults: Faults) -> Callable[[Setti
     return load
 
 
-@dataclass
-class Outside:
-    """The service with its catalog in a SQLite file of its own, and that catalog."""
-
-    client: TestClient
-    lake: Lake
-    catalog: Catalog
-    properties: dict[str, str]
-    warehouse: Path
-
-
-@pytest.fixture
-def outside(db_url: str, clock: ManualClock, tmp_path: Path) -> Iterator[Outside]:
-    warehouse = tmp_path / "warehouse"
-    properties = sql_catalog_properties(f"sqlite:///{tmp_path / 'catalog.db'}", str(warehouse))
-    elsewhere = open_catalog(properties["uri"], properties["warehouse"])
-    try:
-        settings = Settings(db_url=db_url, catalog_properties=properties)
-        assert swap_module.catalog_in_database(settings) is None
-        with custom_client(
-            db_url, clock, catalog_properties=properties, revision_ready_lag_ms=0
-        ) as client:
-            yield Outside(
-                client, lake_for(client, elsewhere, clock), elsewhere, properties, warehouse
-            )
-    finally:
-        elsewhere.engine.dispose()  # type: ignore[attr-defined]
-
-
 @dataclass(frozen=True)
 class Ready:
     rid: int
@@ -126,9 +106,115 @@ class Ready:
     read_before: dict[str, list[int] | None]  # the consistent version's rows before the swap
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """What :func:`prepare` made, kept for the next test on the same kind of database
+    (preparing took two thirds of each case): copies of the catalog, the warehouse and
+    the MetaService's database, with the clock and the lake's record of what it wrote."""
+
+    files: Path  # catalog.db and wh/ (the warehouse), as the folder held them
+    database: Path | Rows  # the MetaService's SQLite file, or its PostgreSQL rows
+    now_ms: int
+    written: dict[str, list[Written]]
+    catalog: dict[str, str]  # the catalog's tables and their metadata files
+    ready: Ready
+
+
+_prepared: dict[str, Prepared] = {}  # by kind of database, in this test process
+
+
+@dataclass
+class Outside:
+    """The service with its catalog in a SQLite file of its own, and that catalog."""
+
+    client: TestClient
+    lake: Lake
+    catalog: Catalog
+    properties: dict[str, str]
+    folder: Path  # the catalog's file and warehouse
+    db_url: str
+    prepared: Prepared | None  # an earlier test's, which this test starts from
+
+
+def _kind(db_url: str) -> str:
+    return "sqlite" if db_url.startswith("sqlite") else "postgres"
+
+
+@pytest.fixture
+def outside(
+    db_url: str, clock: ManualClock, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Outside]:
+    # The catalog's metadata names its files by absolute path, so every test on one
+    # kind of database uses the same folder: emptied, or put back as prepared.
+    folder = tmp_path_factory.getbasetemp() / f"swap-journal-{_kind(db_url)}"
+    shutil.rmtree(folder, ignore_errors=True)
+    prepared = _prepared.get(_kind(db_url))
+    if prepared is None:
+        folder.mkdir()
+    else:
+        shutil.copytree(prepared.files, folder)
+        _put_database(db_url, prepared.database)
+        clock.set(prepared.now_ms)
+    properties = sql_catalog_properties(f"sqlite:///{folder / 'catalog.db'}", str(folder / "wh"))
+    elsewhere = open_catalog(properties["uri"], properties["warehouse"])
+    try:
+        settings = Settings(db_url=db_url, catalog_properties=properties)
+        assert swap_module.catalog_in_database(settings) is None
+        with custom_client(
+            db_url, clock, catalog_properties=properties, revision_ready_lag_ms=0
+        ) as client:
+            lake = lake_for(client, elsewhere, clock)
+            if prepared is not None:
+                lake.written = copy.deepcopy(prepared.written)
+            yield Outside(client, lake, elsewhere, properties, folder, db_url, prepared)
+    finally:
+        elsewhere.engine.dispose()  # type: ignore[attr-defined]
+
+
+def _sqlite_file(db_url: str) -> Path:
+    return Path(make_url(db_url).database or "")
+
+
+def _copy_sqlite(source: Path, target: Path) -> None:
+    """A consistent copy of a SQLite database, whatever its journal holds."""
+    with closing(sqlite3.connect(source)) as src, closing(sqlite3.connect(target)) as dst:
+        src.backup(dst)
+
+
+def _put_database(db_url: str, database: Path | Rows) -> None:
+    if isinstance(database, Path):
+        _copy_sqlite(database, _sqlite_file(db_url))
+    else:
+        pg_put_rows(db_url, database)
+
+
 def prepare(o: Outside) -> Ready:
     """The revision ready, every mirror caught up with its original, and a tag on the
-    originals' consistent version."""
+    originals' consistent version: as an earlier test of this process prepared it, else
+    made here and kept for the next."""
+    if o.prepared is not None:
+        # put back whole: the catalog's tables and the version read as when prepared
+        assert catalog_view(o) == o.prepared.catalog
+        assert read_version(o) == o.prepared.ready.read_before
+        return o.prepared.ready
+    ready = _prepare(o)
+    files = o.folder.with_name(f"{o.folder.name}-prepared")
+    shutil.rmtree(files, ignore_errors=True)
+    shutil.copytree(o.folder, files, ignore=shutil.ignore_patterns("catalog.db*"))
+    _copy_sqlite(o.folder / "catalog.db", files / "catalog.db")
+    database: Path | Rows
+    if _kind(o.db_url) == "sqlite":
+        database = files.with_name(f"{files.name}-metaservice.db")
+        _copy_sqlite(_sqlite_file(o.db_url), database)
+    else:
+        database = pg_rows(o.db_url)
+    written = copy.deepcopy(o.lake.written)
+    now = o.lake.clock.now_ms()
+    _prepared[_kind(o.db_url)] = Prepared(files, database, now, written, catalog_view(o), ready)
+    return ready
+
+
+def _prepare(o: Outside) -> Ready:
     _, version, rid, batch_id = ready_revision_with_history(o.client, o.lake)
     catch_up(o.client, o.lake, rid, batch_id)
     tag = o.client.post(f"{API}/versions/tags", json={"name": "before", "tables": AFFECTED})
