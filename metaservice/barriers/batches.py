@@ -53,6 +53,8 @@ def batch_barrier_of(
         if job.kind == SOURCE:
             watermark.hold_shared(session)  # before the facts read S
         facts = repo.new_batch_facts(session, job)
+        if job.kind == SOURCE:
+            watermark.held(session, facts.watermark)  # read under the lock: kept
         refuse_superseded(job, facts.superseded_by)
         check_batch_order(job, batch_id, newest)
         if job.kind == SOURCE:

@@ -94,6 +94,8 @@ _RAISE = (
 
 
 _HELD_SHARED = "metaservice.watermark_held_shared"  # session.info: the transaction holding it
+# session.info: (transaction, S) as read under the lock held shared by that transaction
+_READ_HELD = "metaservice.watermark_read_held"
 
 
 def on_postgres(session: Session) -> bool:
@@ -126,6 +128,24 @@ def read(session: Session) -> int:
     return session.execute(_READ).scalar_one()
 
 
+def held(session: Session, value: int) -> int:
+    """Keep ``S`` as a statement of this write transaction read it after
+    :func:`hold_shared`; answers it."""
+    session.info[_READ_HELD] = (session.get_transaction(), value)
+    return value
+
+
+def read_held(session: Session) -> int:
+    """``S`` for a write transaction that took the lock shared (:func:`hold_shared`),
+    read once: until it commits no raise can, since the raiser takes the lock
+    exclusively (on SQLite writers are serialised), so a second read would answer the
+    same. A barrier request carrying an offline-grant promise reads it for both."""
+    kept = session.info.get(_READ_HELD)
+    if kept is not None and kept[0] is session.get_transaction():
+        return int(kept[1])
+    return held(session, read(session))
+
+
 def raise_to_closed_slot(session: Session, ctx: Context) -> int | None:
     """Raise ``S`` to the last closed slot of this replica's clock (in this write
     transaction, under the watermark lock held exclusively); the new value, or None
@@ -135,6 +155,7 @@ def raise_to_closed_slot(session: Session, ctx: Context) -> int | None:
         return None
     hold_xact_lock(session, WATERMARK_LOCK, exclusive=True)
     raised = session.execute(_RAISE, {"slot": slot}).rowcount  # type: ignore[attr-defined]
+    session.info.pop(_READ_HELD, None)  # this transaction moved it
     return slot if raised else None
 
 

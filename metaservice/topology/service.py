@@ -447,8 +447,8 @@ def record_event(
     job = job if job is not None else repo.require_job(session, name)
     job.status = {"started": "running", "progress": "running"}.get(event.event, event.event)
     # Through the ORM, not a plain UPDATE: the OpenLineage emitter sees a listener event
-    # in the flush (metaservice/openlineage/emit.py).
+    # in the flush (metaservice/openlineage/emit.py). Flushed with the transaction's other
+    # changes to the row (a carried offline-grant promise): one UPDATE.
     job.last_event = json.dumps(event.model_dump(exclude_none=True))
     job.last_seen_ms = ctx.now_ms()
-    session.flush()
     return job

@@ -31,10 +31,11 @@ BOUNDS: dict[str, tuple[int, int]] = {
     # One request per batch: batch k+1's barrier carrying batch k's report, the
     # listener's progress and the offline-grant promise, in one transaction; the four
     # requests it replaces sent 7 + 7 + 3 + 3 (SQLite) and 6 + 6 + 2 + 2 (PostgreSQL)
-    # before the watermark; with it, the barrier and the grant each read S (and on
-    # PostgreSQL take its lock, once per transaction); the progress and the promise take
-    # the job's row as the barrier locked it (they read it again: 18, 18)
-    "source barrier carrying report, progress, promise": (16, 16),
+    # before the watermark. The progress and the promise take the job's row as the
+    # barrier locked it (they read it again: 18, 18); S is read once per transaction,
+    # under its lock taken once, and the grant takes the barrier's read; the progress and
+    # the promise change the job's row in one UPDATE at the commit (16, 16 before both)
+    "source barrier carrying report, progress, promise": (14, 14),
     "derived barrier": (9, 8),
     "derived report": (8, 7),
     "next-barrier": (11, 10),
