@@ -236,25 +236,29 @@ def _empty(base: str, schema: str) -> bool:
         return False
 
 
+@contextmanager
+def _in_schema(url: str) -> Iterator[Any]:
+    """A transaction of this process's engine in the schema ``url`` names (a URL from
+    :func:`with_search_path`)."""
+    parsed = make_url(url)
+    schema = parsed.query["options"].removeprefix("-csearch_path=")
+    base = parsed.difference_update_query(["options"]).render_as_string(hide_password=False)
+    with _server_of(base).begin() as conn:
+        conn.exec_driver_sql(f"SET LOCAL search_path TO {schema}")
+        yield conn
+
+
 def pg_rows(url: str) -> Rows:
     """Every row of the PostgreSQL schema ``url`` names (its ``search_path``)."""
-    engine = create_engine(normalise_url(url))
-    try:
-        with engine.connect() as conn:
-            return _read_rows(conn)
-    finally:
-        engine.dispose()
+    with _in_schema(url) as conn:
+        return _read_rows(conn)
 
 
 def pg_put_rows(url: str, rows: Rows) -> None:
     """Make the PostgreSQL schema ``url`` names hold ``rows`` (from :func:`pg_rows` of a
     schema with the same catalog), as one transaction."""
-    engine = create_engine(normalise_url(url))
-    try:
-        with engine.begin() as conn:
-            _put_rows(conn, rows)
-    finally:
-        engine.dispose()
+    with _in_schema(url) as conn:
+        _put_rows(conn, rows)
 
 
 @contextmanager

@@ -79,7 +79,7 @@ def grant(
     # shared, so that no raise lands between the read and this grant's commit): the
     # frontier, capped below the floor, must not step back (barriers/watermark.py).
     watermark.hold_shared(session)
-    s = watermark.read_held(session)
+    s = watermark.read_held(session)  # the barrier's read, when this request carries one
     slot = max(ctx.now_slot(), job.frontier + ctx.interval, s + ctx.interval)
     promised = slot_of(promised_floor, ctx.interval)
     # A first grant floors at the slot: the job learns it from this answer before it

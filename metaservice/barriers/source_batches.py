@@ -35,7 +35,8 @@ def _next_source_barrier(session: Session, ctx: Context, job: Job, newest: Batch
     clock = session.execute(
         select(ClockState.last_issued, ClockState.watermark).where(ClockState.id == 1)
     ).one()
-    return _source_barrier(ctx, job, newest, clock.last_issued, clock.watermark)
+    s = watermark.held(session, clock.watermark)  # read under the lock: kept
+    return _source_barrier(ctx, job, newest, clock.last_issued, s)
 
 
 def _source_barrier(
